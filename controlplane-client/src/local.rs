@@ -1,0 +1,1228 @@
+//! The local config source: ztunnel's LOCAL_XDS YAML, used as the embedded
+//! default and for running without istiod.
+//!
+//! The YAML is read into private `Raw*` types that mirror the schema (camelCase,
+//! unknown fields rejected) and whose leaf types parse and range-check values
+//! inside serde, so a bad value is reported with its field path and line.
+//! Cross-item rules (uniqueness, address clashes) are [`Snapshot::new`]'s.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visitor};
+use serde::Deserialize;
+
+use crate::model::{
+    ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause, GatewayAddress, GatewayDestination,
+    LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality, Match, NamespacedHostname,
+    NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope, PortMapping, Rule, Service,
+    ServiceAccountMatch, StringMatch, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
+    DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
+};
+use crate::publish::SnapshotPublisher;
+use crate::snapshot::{Snapshot, SnapshotError};
+
+/// `examples/local.yaml`, a documented loopback config for a developer
+/// machine; built in so the binary can run with no config file at all.
+pub const EXAMPLE_CONFIG: &str = include_str!("../../examples/local.yaml");
+
+/// A config that can't be used. `Display` gives the whole story on one line,
+/// starting with the origin (usually the file path).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid YAML, or not the schema. `message` names the field path and
+    /// ends with the position, e.g. `workloads[1].workloadIps[0]: invalid IP
+    /// address "10.0.0.300" at line 14 column 7`.
+    #[error("{origin}: {message}")]
+    Parse {
+        origin: String,
+        message: String,
+        line: Option<usize>,
+        column: Option<usize>,
+    },
+    /// Well-formed but wrong, e.g. a duplicate uid. `item` names it, e.g.
+    /// `workloads[2] (uid "x")`.
+    #[error("{origin}: {item}: {message}")]
+    Invalid {
+        origin: String,
+        item: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(origin: &str, item: String, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: origin.to_owned(),
+            item,
+            message: message.into(),
+        }
+    }
+}
+
+/// The items of a config, in file order (indices match the YAML lists).
+pub type Parsed = (Vec<Workload>, Vec<Service>, Vec<Policy>);
+
+/// Parses and checks each item. Uniqueness across items is checked by
+/// [`load_snapshot`].
+pub fn parse(text: &str, origin: &str) -> Result<Parsed, ConfigError> {
+    let raw: RawConfig = serde_norway::from_str(text).map_err(|e| {
+        let location = e.location();
+        let mut message = e.to_string();
+        if let Some(l) = &location {
+            // serde_norway leaves out "line 1 column 1"; keep every message uniform.
+            let at = format!(" at line {} column {}", l.line(), l.column());
+            if !message.ends_with(&at) {
+                message.push_str(&at);
+            }
+        }
+        ConfigError::Parse {
+            origin: origin.to_owned(),
+            message,
+            line: location.as_ref().map(|l| l.line()),
+            column: location.as_ref().map(|l| l.column()),
+        }
+    })?;
+    let workloads = raw
+        .workloads
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| w.into_model(i, origin))
+        .collect::<Result<_, _>>()?;
+    let services = raw
+        .services
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| s.into_model(i, origin))
+        .collect::<Result<_, _>>()?;
+    let policies = raw
+        .policies
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| p.into_model(i, origin))
+        .collect::<Result<_, _>>()?;
+    Ok((workloads, services, policies))
+}
+
+/// [`parse`] plus the cross-item checks of [`Snapshot::new`], reported
+/// against the YAML items.
+pub fn load_snapshot(text: &str, origin: &str) -> Result<Snapshot, ConfigError> {
+    let (workloads, services, policies) = parse(text, origin)?;
+    Snapshot::new(workloads, services, policies).map_err(|e| snapshot_error(e, origin))
+}
+
+fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
+    let (item, message) = match err {
+        SnapshotError::DuplicateWorkloadUid { uid, first, second } => (
+            format!("workloads[{second}] (uid {uid:?})"),
+            format!("duplicate uid, already used by workloads[{first}]"),
+        ),
+        SnapshotError::DuplicateServiceKey { key, first, second } => (
+            format!("services[{second}] ({key:?})"),
+            format!("duplicate namespace/hostname, already used by services[{first}]"),
+        ),
+        SnapshotError::DuplicatePolicyKey { key, first, second } => (
+            format!("policies[{second}] ({key:?})"),
+            format!("duplicate namespace/name, already used by policies[{first}]"),
+        ),
+        SnapshotError::DuplicateWorkloadAddress {
+            network,
+            ip,
+            first,
+            first_uid,
+            second,
+            second_uid,
+        } => (
+            format!("workloads[{second}] (uid {second_uid:?})"),
+            format!(
+                "address {ip} on network {network:?} is already used by workloads[{first}] \
+                 (uid {first_uid:?})"
+            ),
+        ),
+        SnapshotError::DuplicateServiceVip {
+            network,
+            ip,
+            first,
+            first_key,
+            second,
+            second_key,
+        } => (
+            format!("services[{second}] ({second_key:?})"),
+            format!(
+                "VIP {ip} on network {network:?} is already used by services[{first}] \
+                 ({first_key:?})"
+            ),
+        ),
+        SnapshotError::VipIsWorkloadAddress {
+            network,
+            ip,
+            service,
+            service_key,
+            workload,
+            workload_uid,
+        } => (
+            format!("services[{service}] ({service_key:?})"),
+            format!(
+                "VIP {ip} on network {network:?} is the address of workloads[{workload}] \
+                 (uid {workload_uid:?})"
+            ),
+        ),
+    };
+    ConfigError::invalid(origin, item, message)
+}
+
+// ---------------------------------------------------------------------------
+// File watching (control thread)
+// ---------------------------------------------------------------------------
+
+/// What one [`FileWatcher::poll`] did.
+#[derive(Debug)]
+pub enum PollOutcome {
+    /// Same bytes as last time (or unreadable again with the same error).
+    Unchanged,
+    /// New content, and it was published under this version.
+    Published(u64),
+    /// New bytes, but the same config as the current snapshot (e.g. only
+    /// comments changed); nothing published.
+    Equivalent,
+    /// New content that doesn't parse or validate; the last good snapshot
+    /// stays.
+    Rejected(ConfigError),
+    /// The file can't be read; the last good snapshot stays.
+    Unreadable(String),
+}
+
+/// Polls one file by content, so it follows ConfigMap symlink swaps, editors
+/// that replace the file, and edits that keep the mtime.
+pub struct FileWatcher {
+    path: PathBuf,
+    origin: String,
+    publisher: SnapshotPublisher,
+    /// Last bytes parsed, good or bad: a bad file is reported once, not at
+    /// every poll.
+    last_content: Option<Vec<u8>>,
+    /// Last read error reported, for the same reason.
+    last_read_error: Option<String>,
+}
+
+impl FileWatcher {
+    pub fn new(path: PathBuf, publisher: SnapshotPublisher) -> FileWatcher {
+        FileWatcher {
+            origin: path.display().to_string(),
+            path,
+            publisher,
+            last_content: None,
+            last_read_error: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a later poll would see new bytes. False before the first
+    /// poll, which should not wait.
+    fn content_differs(&self) -> bool {
+        if self.last_content.is_none() && self.last_read_error.is_none() {
+            return false;
+        }
+        match std::fs::read(&self.path) {
+            Ok(content) => self.last_content.as_deref() != Some(content.as_slice()),
+            Err(_) => false,
+        }
+    }
+
+    /// Reads the file and, if its content changed, parses and publishes it.
+    /// Logs what it did; never panics on bad input.
+    pub fn poll(&mut self) -> PollOutcome {
+        let content = match std::fs::read(&self.path) {
+            Ok(content) => content,
+            Err(e) => {
+                let message = format!("{}: cannot read config: {e}", self.origin);
+                if self.last_read_error.as_deref() == Some(message.as_str()) {
+                    return PollOutcome::Unchanged;
+                }
+                tracing::error!("{message}; keeping the last good config");
+                self.last_read_error = Some(message.clone());
+                return PollOutcome::Unreadable(message);
+            }
+        };
+        if self.last_read_error.take().is_some() {
+            tracing::info!(path = %self.origin, "config file readable again");
+        }
+        if self.last_content.as_deref() == Some(content.as_slice()) {
+            return PollOutcome::Unchanged;
+        }
+        let parsed = match std::str::from_utf8(&content) {
+            Ok(text) => load_snapshot(text, &self.origin),
+            Err(e) => Err(ConfigError::Parse {
+                origin: self.origin.clone(),
+                message: format!("not UTF-8: {e}"),
+                line: None,
+                column: None,
+            }),
+        };
+        self.last_content = Some(content);
+        match parsed {
+            Ok(snapshot) => {
+                if self.publisher.current().same_content(&snapshot) {
+                    tracing::debug!(path = %self.origin, "config file changed, content equivalent");
+                    return PollOutcome::Equivalent;
+                }
+                let (workloads, services, policies) = (
+                    snapshot.workloads().len(),
+                    snapshot.services().len(),
+                    snapshot.policies().len(),
+                );
+                let version = self.publisher.publish(snapshot);
+                tracing::info!(
+                    path = %self.origin,
+                    version,
+                    workloads,
+                    services,
+                    policies,
+                    "published local config"
+                );
+                PollOutcome::Published(version)
+            }
+            Err(e) => {
+                tracing::error!("rejected config, keeping the last good one: {e}");
+                PollOutcome::Rejected(e)
+            }
+        }
+    }
+}
+
+/// Publishes `path` now and whenever its content changes, checking every
+/// `interval`. Runs forever on the caller's tokio runtime (needs `time`);
+/// abort the task to stop it. Reads are plain blocking reads of a small
+/// local file, fine on the control thread.
+///
+/// A change is re-read after a short pause before it is used, so a file
+/// caught half-written (truncate-then-write editors) is not published.
+pub async fn watch_file(path: PathBuf, interval: Duration, publisher: SnapshotPublisher) {
+    let settle = (interval / 4).min(Duration::from_millis(100));
+    let mut watcher = FileWatcher::new(path, publisher);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if watcher.content_differs() {
+            tokio::time::sleep(settle).await;
+        }
+        watcher.poll();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Schema
+// ---------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    workloads: Vec<RawWorkload>,
+    #[serde(default)]
+    services: Vec<RawService>,
+    #[serde(default)]
+    policies: Vec<RawPolicy>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawWorkload {
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    name: String,
+    namespace: String,
+    #[serde(default)]
+    service_account: String,
+    #[serde(default)]
+    trust_domain: String,
+    #[serde(default)]
+    workload_ips: Vec<Ip>,
+    #[serde(default)]
+    hostname: String,
+    #[serde(default)]
+    network: String,
+    #[serde(default)]
+    protocol: Named<TunnelProtocol>,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    canonical_name: String,
+    #[serde(default)]
+    canonical_revision: String,
+    #[serde(default)]
+    workload_name: String,
+    #[serde(default)]
+    workload_type: Named<WorkloadType>,
+    #[serde(default)]
+    status: Named<WorkloadStatus>,
+    #[serde(default)]
+    cluster_id: String,
+    #[serde(default)]
+    authorization_policies: Vec<String>,
+    #[serde(default)]
+    services: ServicesMap,
+    #[serde(default)]
+    locality: Option<RawLocality>,
+    #[serde(default)]
+    network_mode: Named<NetworkMode>,
+    #[serde(default = "one")]
+    capacity: u32,
+    #[serde(default)]
+    waypoint: Option<RawGateway>,
+    #[serde(default)]
+    network_gateway: Option<RawGateway>,
+    #[serde(default)]
+    native_tunnel: bool,
+    #[serde(default)]
+    application_tunnel: Option<RawApplicationTunnel>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl RawWorkload {
+    fn into_model(self, index: usize, origin: &str) -> Result<Workload, ConfigError> {
+        // ztunnel lets the uid be omitted; derive a stable one from the name
+        // so such configs keep working and still collide when duplicated.
+        let uid = match self.uid {
+            Some(uid) => uid,
+            None if !self.name.is_empty() => {
+                format!("{}/{}", self.namespace, self.name)
+            }
+            None => String::new(),
+        };
+        let item = format!("workloads[{index}] (uid {uid:?})");
+        if uid.is_empty() {
+            return Err(ConfigError::invalid(
+                origin,
+                item,
+                "needs a uid (or a name to derive one from)",
+            ));
+        }
+        if self.namespace.is_empty() {
+            return Err(ConfigError::invalid(origin, item, "namespace is empty"));
+        }
+        for (i, key) in self.authorization_policies.iter().enumerate() {
+            if !is_namespaced(key) {
+                return Err(ConfigError::invalid(
+                    origin,
+                    item,
+                    format!("authorizationPolicies[{i}]: {key:?} is not \"namespace/name\""),
+                ));
+            }
+        }
+        Ok(Workload {
+            uid,
+            name: self.name,
+            namespace: self.namespace,
+            service_account: or_default(self.service_account, DEFAULT_SERVICE_ACCOUNT),
+            trust_domain: or_default(self.trust_domain, DEFAULT_TRUST_DOMAIN),
+            addresses: self.workload_ips.into_iter().map(|ip| ip.0).collect(),
+            hostname: self.hostname,
+            network: self.network,
+            protocol: self.protocol.0,
+            node: self.node,
+            canonical_name: self.canonical_name,
+            canonical_revision: self.canonical_revision,
+            workload_name: self.workload_name,
+            workload_type: self.workload_type.0,
+            status: self.status.0,
+            cluster_id: self.cluster_id,
+            authorization_policies: self.authorization_policies,
+            services: self.services.0,
+            locality: self.locality.map(|l| Locality {
+                region: l.region,
+                zone: l.zone,
+                subzone: l.subzone,
+            }),
+            network_mode: self.network_mode.0,
+            capacity: self.capacity,
+            waypoint: self.waypoint.map(RawGateway::into_model),
+            network_gateway: self.network_gateway.map(RawGateway::into_model),
+            native_tunnel: self.native_tunnel,
+            application_tunnel: self.application_tunnel.map(|t| ApplicationTunnel {
+                protocol: t.protocol.0,
+                port: t.port.map(|p| p.0),
+            }),
+        })
+    }
+}
+
+fn or_default(value: String, default: &str) -> String {
+    if value.is_empty() {
+        default.to_owned()
+    } else {
+        value
+    }
+}
+
+/// "a/b" with both parts non-empty and a single slash.
+fn is_namespaced(s: &str) -> bool {
+    matches!(s.split_once('/'), Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains('/'))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLocality {
+    #[serde(default)]
+    region: String,
+    #[serde(default)]
+    zone: String,
+    #[serde(default)]
+    subzone: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawApplicationTunnel {
+    #[serde(default)]
+    protocol: Named<ApplicationTunnelProtocol>,
+    #[serde(default)]
+    port: Option<Port>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawGateway {
+    destination: GatewayDest,
+    #[serde(default)]
+    hbone_mtls_port: Option<Port>,
+}
+
+impl RawGateway {
+    fn into_model(self) -> GatewayAddress {
+        GatewayAddress {
+            destination: self.destination.0,
+            hbone_mtls_port: self
+                .hbone_mtls_port
+                .map_or(DEFAULT_HBONE_MTLS_PORT, |p| p.0),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawService {
+    name: String,
+    namespace: String,
+    hostname: String,
+    #[serde(default)]
+    vips: Vec<Vip>,
+    #[serde(default)]
+    ports: PortMap<true>,
+    #[serde(default)]
+    subject_alt_names: Vec<String>,
+    #[serde(default)]
+    waypoint: Option<RawGateway>,
+    #[serde(default)]
+    load_balancer: Option<RawLoadBalancer>,
+    #[serde(default)]
+    canonical: bool,
+}
+
+impl RawService {
+    fn into_model(self, index: usize, origin: &str) -> Result<Service, ConfigError> {
+        let item = format!(
+            "services[{index}] ({:?})",
+            format!("{}/{}", self.namespace, self.hostname)
+        );
+        for (field, value) in [
+            ("name", &self.name),
+            ("namespace", &self.namespace),
+            ("hostname", &self.hostname),
+        ] {
+            if value.is_empty() {
+                return Err(ConfigError::invalid(
+                    origin,
+                    item,
+                    format!("{field} is empty"),
+                ));
+            }
+        }
+        if self.namespace.contains('/') || self.hostname.contains('/') {
+            return Err(ConfigError::invalid(
+                origin,
+                item,
+                "namespace and hostname must not contain '/'",
+            ));
+        }
+        Ok(Service {
+            name: self.name,
+            namespace: self.namespace,
+            hostname: self.hostname,
+            vips: self.vips.into_iter().map(|v| v.0).collect(),
+            ports: self.ports.0,
+            subject_alt_names: self.subject_alt_names,
+            waypoint: self.waypoint.map(RawGateway::into_model),
+            load_balancer: self.load_balancer.map(|lb| LoadBalancer {
+                routing_preferences: lb.routing_preferences.into_iter().map(|s| s.0).collect(),
+                mode: lb.mode.0,
+                health_policy: lb.health_policy.0,
+            }),
+            canonical: self.canonical,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawLoadBalancer {
+    #[serde(default)]
+    routing_preferences: Vec<Named<LbScope>>,
+    #[serde(default)]
+    mode: Named<LbMode>,
+    #[serde(default)]
+    health_policy: Named<LbHealthPolicy>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawPolicy {
+    name: String,
+    namespace: String,
+    scope: Named<PolicyScope>,
+    action: Named<PolicyAction>,
+    #[serde(default)]
+    dry_run: bool,
+    /// rules → clauses → matches, as in ztunnel's YAML.
+    #[serde(default)]
+    rules: Vec<Vec<Vec<RawMatch>>>,
+}
+
+impl RawPolicy {
+    fn into_model(self, index: usize, origin: &str) -> Result<Policy, ConfigError> {
+        let item = format!(
+            "policies[{index}] ({:?})",
+            format!("{}/{}", self.namespace, self.name)
+        );
+        for (field, value) in [("name", &self.name), ("namespace", &self.namespace)] {
+            if value.is_empty() {
+                return Err(ConfigError::invalid(
+                    origin,
+                    item,
+                    format!("{field} is empty"),
+                ));
+            }
+        }
+        if self.namespace.contains('/') || self.name.contains('/') {
+            return Err(ConfigError::invalid(
+                origin,
+                item,
+                "namespace and name must not contain '/'",
+            ));
+        }
+        Ok(Policy {
+            name: self.name,
+            namespace: self.namespace,
+            scope: self.scope.0,
+            action: self.action.0,
+            dry_run: self.dry_run,
+            rules: self
+                .rules
+                .into_iter()
+                .map(|clauses| Rule {
+                    clauses: clauses
+                        .into_iter()
+                        .map(|matches| Clause {
+                            matches: matches.into_iter().map(RawMatch::into_model).collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawMatch {
+    #[serde(default)]
+    namespaces: Vec<StringMatchDe>,
+    #[serde(default)]
+    not_namespaces: Vec<StringMatchDe>,
+    #[serde(default)]
+    principals: Vec<StringMatchDe>,
+    #[serde(default)]
+    not_principals: Vec<StringMatchDe>,
+    #[serde(default)]
+    service_accounts: Vec<RawServiceAccountMatch>,
+    #[serde(default)]
+    not_service_accounts: Vec<RawServiceAccountMatch>,
+    #[serde(default)]
+    source_ips: Vec<CidrDe>,
+    #[serde(default)]
+    not_source_ips: Vec<CidrDe>,
+    #[serde(default)]
+    destination_ips: Vec<CidrDe>,
+    #[serde(default)]
+    not_destination_ips: Vec<CidrDe>,
+    #[serde(default)]
+    destination_ports: Vec<Port>,
+    #[serde(default)]
+    not_destination_ports: Vec<Port>,
+}
+
+impl RawMatch {
+    fn into_model(self) -> Match {
+        fn strings(v: Vec<StringMatchDe>) -> Vec<StringMatch> {
+            v.into_iter().map(|m| m.0).collect()
+        }
+        fn accounts(v: Vec<RawServiceAccountMatch>) -> Vec<ServiceAccountMatch> {
+            v.into_iter()
+                .map(|m| ServiceAccountMatch {
+                    namespace: m.namespace,
+                    service_account: m.service_account,
+                })
+                .collect()
+        }
+        fn cidrs(v: Vec<CidrDe>) -> Vec<Cidr> {
+            v.into_iter().map(|c| c.0).collect()
+        }
+        fn ports(v: Vec<Port>) -> Vec<u16> {
+            v.into_iter().map(|p| p.0).collect()
+        }
+        Match {
+            namespaces: strings(self.namespaces),
+            not_namespaces: strings(self.not_namespaces),
+            principals: strings(self.principals),
+            not_principals: strings(self.not_principals),
+            service_accounts: accounts(self.service_accounts),
+            not_service_accounts: accounts(self.not_service_accounts),
+            source_ips: cidrs(self.source_ips),
+            not_source_ips: cidrs(self.not_source_ips),
+            destination_ips: cidrs(self.destination_ips),
+            not_destination_ips: cidrs(self.not_destination_ips),
+            destination_ports: ports(self.destination_ports),
+            not_destination_ports: ports(self.not_destination_ports),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawServiceAccountMatch {
+    namespace: String,
+    service_account: String,
+}
+
+// Enums: the spellings ztunnel's YAML uses, plus the istio proto names
+// (HBONE aside, ztunnel's are the proto names in PascalCase). Errors list
+// only the ztunnel spellings.
+
+/// A model enum read from a YAML string.
+trait YamlEnum: Sized {
+    /// The spellings listed when a value is not recognised.
+    const EXPECTED: &'static [&'static str];
+    fn from_name(name: &str) -> Option<Self>;
+}
+
+/// Deserializes a [`YamlEnum`]; `Default` gives the model's default.
+#[derive(Default)]
+struct Named<T>(T);
+
+impl<'de, T: YamlEnum> Deserialize<'de> for Named<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NameVisitor<T>(PhantomData<T>);
+        impl<T: YamlEnum> Visitor<'_> for NameVisitor<T> {
+            type Value = Named<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "one of {}", T::EXPECTED.join(", "))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Named<T>, E> {
+                T::from_name(v)
+                    .map(Named)
+                    .ok_or_else(|| E::unknown_variant(v, T::EXPECTED))
+            }
+        }
+        d.deserialize_str(NameVisitor(PhantomData))
+    }
+}
+
+impl YamlEnum for TunnelProtocol {
+    const EXPECTED: &'static [&'static str] = &["TCP", "HBONE"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "TCP" | "NONE" => Some(TunnelProtocol::None),
+            "HBONE" => Some(TunnelProtocol::Hbone),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for WorkloadType {
+    const EXPECTED: &'static [&'static str] = &["Deployment", "CronJob", "Pod", "Job"];
+    fn from_name(name: &str) -> Option<Self> {
+        // ztunnel keeps this as free text, lowercased from the proto name.
+        match name.to_ascii_lowercase().as_str() {
+            "deployment" => Some(WorkloadType::Deployment),
+            "cronjob" => Some(WorkloadType::CronJob),
+            "pod" => Some(WorkloadType::Pod),
+            "job" => Some(WorkloadType::Job),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for WorkloadStatus {
+    const EXPECTED: &'static [&'static str] = &["Healthy", "Unhealthy"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Healthy" | "HEALTHY" => Some(WorkloadStatus::Healthy),
+            "Unhealthy" | "UNHEALTHY" => Some(WorkloadStatus::Unhealthy),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for NetworkMode {
+    const EXPECTED: &'static [&'static str] = &["Standard", "HostNetwork"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Standard" | "STANDARD" => Some(NetworkMode::Standard),
+            "HostNetwork" | "HOST_NETWORK" => Some(NetworkMode::HostNetwork),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for ApplicationTunnelProtocol {
+    const EXPECTED: &'static [&'static str] = &["NONE", "PROXY"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "NONE" | "None" => Some(ApplicationTunnelProtocol::None),
+            "PROXY" | "Proxy" => Some(ApplicationTunnelProtocol::Proxy),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for LbScope {
+    const EXPECTED: &'static [&'static str] =
+        &["Region", "Zone", "Subzone", "Node", "Cluster", "Network"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Region" | "REGION" => Some(LbScope::Region),
+            "Zone" | "ZONE" => Some(LbScope::Zone),
+            "Subzone" | "SUBZONE" => Some(LbScope::Subzone),
+            "Node" | "NODE" => Some(LbScope::Node),
+            "Cluster" | "CLUSTER" => Some(LbScope::Cluster),
+            "Network" | "NETWORK" => Some(LbScope::Network),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for LbMode {
+    const EXPECTED: &'static [&'static str] = &["Standard", "Strict", "Failover", "Passthrough"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Standard" | "UNSPECIFIED_MODE" => Some(LbMode::Standard),
+            "Strict" | "STRICT" => Some(LbMode::Strict),
+            "Failover" | "FAILOVER" => Some(LbMode::Failover),
+            "Passthrough" | "PASSTHROUGH" => Some(LbMode::Passthrough),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for LbHealthPolicy {
+    const EXPECTED: &'static [&'static str] = &["OnlyHealthy", "AllowAll"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "OnlyHealthy" | "ONLY_HEALTHY" => Some(LbHealthPolicy::OnlyHealthy),
+            "AllowAll" | "ALLOW_ALL" => Some(LbHealthPolicy::AllowAll),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for PolicyScope {
+    const EXPECTED: &'static [&'static str] = &["Global", "Namespace", "WorkloadSelector"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Global" | "GLOBAL" => Some(PolicyScope::Global),
+            "Namespace" | "NAMESPACE" => Some(PolicyScope::Namespace),
+            "WorkloadSelector" | "WORKLOAD_SELECTOR" => Some(PolicyScope::WorkloadSelector),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for PolicyAction {
+    const EXPECTED: &'static [&'static str] = &["Allow", "Deny"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Allow" | "ALLOW" => Some(PolicyAction::Allow),
+            "Deny" | "DENY" => Some(PolicyAction::Deny),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Leaf types. Each checks its value inside serde so errors carry the position.
+// ---------------------------------------------------------------------------
+
+/// A string scalar turned into `T` by `parse`, which returns the message.
+fn deserialize_parsed<'de, D, T>(
+    deserializer: D,
+    expecting: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct ParsedVisitor<T> {
+        expecting: &'static str,
+        parse: fn(&str) -> Result<T, String>,
+    }
+    impl<T> Visitor<'_> for ParsedVisitor<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.expecting)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            (self.parse)(v).map_err(E::custom)
+        }
+    }
+    deserializer.deserialize_str(ParsedVisitor { expecting, parse })
+}
+
+fn parse_ip(s: &str) -> Result<IpAddr, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("invalid IP address {s:?}"))
+}
+
+struct Ip(IpAddr);
+
+impl<'de> Deserialize<'de> for Ip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_parsed(d, "an IP address", parse_ip).map(Ip)
+    }
+}
+
+/// "network/IP" or a bare IP (default network).
+struct Vip(NetworkAddress);
+
+impl<'de> Deserialize<'de> for Vip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_parsed(d, "\"network/IP\" or an IP address", |s| {
+            let (network, ip) = s.split_once('/').unwrap_or(("", s));
+            match ip.parse() {
+                Ok(ip) => Ok(NetworkAddress {
+                    network: network.to_owned(),
+                    ip,
+                }),
+                Err(_) => Err(format!(
+                    "invalid VIP {s:?}: expected \"network/IP\" or an IP address"
+                )),
+            }
+        })
+        .map(Vip)
+    }
+}
+
+/// "ns/hostname" (a service), "network/IP" or a bare IP.
+struct GatewayDest(GatewayDestination);
+
+impl<'de> Deserialize<'de> for GatewayDest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_parsed(d, "\"namespace/hostname\", \"network/IP\" or an IP", |s| {
+            if let Ok(ip) = s.parse() {
+                return Ok(GatewayDestination::Address(NetworkAddress {
+                    network: String::new(),
+                    ip,
+                }));
+            }
+            match s.split_once('/') {
+                Some((network, ip)) if ip.parse::<IpAddr>().is_ok() => {
+                    Ok(GatewayDestination::Address(NetworkAddress {
+                        network: network.to_owned(),
+                        ip: ip.parse().expect("checked above"),
+                    }))
+                }
+                Some((namespace, hostname)) if is_namespaced(s) => {
+                    Ok(GatewayDestination::Hostname(NamespacedHostname {
+                        namespace: namespace.to_owned(),
+                        hostname: hostname.to_owned(),
+                    }))
+                }
+                _ => Err(format!(
+                    "invalid gateway destination {s:?}: expected \"namespace/hostname\", \
+                     \"network/IP\" or an IP address"
+                )),
+            }
+        })
+        .map(GatewayDest)
+    }
+}
+
+/// "IP/len" or a bare IP (a host prefix).
+struct CidrDe(Cidr);
+
+impl<'de> Deserialize<'de> for CidrDe {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_parsed(d, "a CIDR such as \"10.0.0.0/8\"", |s| {
+            let Some((addr, len)) = s.split_once('/') else {
+                return parse_ip(s)
+                    .map(Cidr::host)
+                    .map_err(|_| format!("invalid CIDR {s:?}"));
+            };
+            let addr: IpAddr = addr
+                .parse()
+                .map_err(|_| format!("invalid CIDR {s:?}: bad address"))?;
+            let len: u8 = len
+                .parse()
+                .map_err(|_| format!("invalid CIDR {s:?}: bad prefix length"))?;
+            Cidr::new(addr, len).ok_or_else(|| {
+                let max = if addr.is_ipv4() { 32 } else { 128 };
+                format!("invalid CIDR {s:?}: prefix length {len} exceeds {max}")
+            })
+        })
+        .map(CidrDe)
+    }
+}
+
+/// A port number, 1..=65535.
+struct Port(u16);
+
+fn deserialize_port<'de, D: Deserializer<'de>>(d: D, allow_zero: bool) -> Result<u16, D::Error> {
+    struct PortVisitor(bool);
+    impl Visitor<'_> for PortVisitor {
+        type Value = u16;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a port number")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<u16, E> {
+            let low = if self.0 { 0 } else { 1 };
+            match u16::try_from(v) {
+                Ok(p) if u64::from(p) >= low => Ok(p),
+                _ => Err(E::custom(format!(
+                    "invalid port {v}: must be {low}..=65535"
+                ))),
+            }
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<u16, E> {
+            match u64::try_from(v) {
+                Ok(v) => self.visit_u64(v),
+                Err(_) => Err(E::custom(format!("invalid port {v}: must not be negative"))),
+            }
+        }
+    }
+    // `any`, not `u64`: so a negative number reaches `visit_i64` for a clear message.
+    d.deserialize_any(PortVisitor(allow_zero))
+}
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        deserialize_port(d, false).map(Port)
+    }
+}
+
+/// `{servicePort: targetPort}`, sorted by service port; a repeated service
+/// port is an error rather than last-one-wins. `ZERO_TARGET` allows target
+/// port 0, which on a service means "per endpoint".
+#[derive(Default)]
+struct PortMap<const ZERO_TARGET: bool>(Vec<PortMapping>);
+
+impl<'de, const ZERO_TARGET: bool> Deserialize<'de> for PortMap<ZERO_TARGET> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// The value side of the map.
+        struct Target<const ZERO: bool>(u16);
+        impl<'de, const ZERO: bool> Deserialize<'de> for Target<ZERO> {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                deserialize_port(d, ZERO).map(Target)
+            }
+        }
+
+        struct PortMapVisitor<const ZERO: bool>;
+        impl<'de, const ZERO: bool> Visitor<'de> for PortMapVisitor<ZERO> {
+            type Value = PortMap<ZERO>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of servicePort: targetPort")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PortMap<ZERO>, A::Error> {
+                let mut mappings: Vec<PortMapping> = Vec::new();
+                while let Some(Port(service_port)) = map.next_key()? {
+                    let Target::<ZERO>(target_port) = map.next_value()?;
+                    if mappings.iter().any(|m| m.service_port == service_port) {
+                        return Err(de::Error::custom(format!(
+                            "duplicate service port {service_port}"
+                        )));
+                    }
+                    mappings.push(PortMapping {
+                        service_port,
+                        target_port,
+                    });
+                }
+                mappings.sort();
+                Ok(PortMap(mappings))
+            }
+        }
+        d.deserialize_map(PortMapVisitor::<ZERO_TARGET>)
+    }
+}
+
+/// A workload's `services`: `"ns/hostname": {servicePort: targetPort}`.
+#[derive(Default)]
+struct ServicesMap(BTreeMap<String, Vec<PortMapping>>);
+
+impl<'de> Deserialize<'de> for ServicesMap {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ServicesVisitor;
+        impl<'de> Visitor<'de> for ServicesVisitor {
+            type Value = ServicesMap;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of \"namespace/hostname\": {servicePort: targetPort}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ServicesMap, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !is_namespaced(&key) {
+                        return Err(de::Error::custom(format!(
+                            "invalid service key {key:?}: expected \"namespace/hostname\""
+                        )));
+                    }
+                    let ports: PortMap<false> = map.next_value()?;
+                    if out.insert(key.clone(), ports.0).is_some() {
+                        return Err(de::Error::custom(format!("duplicate service key {key:?}")));
+                    }
+                }
+                Ok(ServicesMap(out))
+            }
+        }
+        d.deserialize_map(ServicesVisitor)
+    }
+}
+
+/// ztunnel's YAML writes these as tagged values (`!Exact foo`,
+/// `!Presence []`); the map form (`{exact: foo}`, `{presence: {}}`) is
+/// accepted too, in either capitalisation.
+struct StringMatchDe(StringMatch);
+
+const STRING_MATCH_KINDS: &[&str] = &["exact", "prefix", "suffix", "presence"];
+
+enum StringMatchKind {
+    Exact,
+    Prefix,
+    Suffix,
+    Presence,
+}
+
+impl StringMatchKind {
+    fn from_name<E: de::Error>(name: &str) -> Result<Self, E> {
+        match name {
+            "exact" | "Exact" => Ok(StringMatchKind::Exact),
+            "prefix" | "Prefix" => Ok(StringMatchKind::Prefix),
+            "suffix" | "Suffix" => Ok(StringMatchKind::Suffix),
+            "presence" | "Presence" => Ok(StringMatchKind::Presence),
+            _ => Err(E::unknown_variant(name, STRING_MATCH_KINDS)),
+        }
+    }
+
+    fn build(self, value: String) -> StringMatch {
+        match self {
+            StringMatchKind::Exact => StringMatch::Exact(value),
+            StringMatchKind::Prefix => StringMatch::Prefix(value),
+            StringMatchKind::Suffix => StringMatch::Suffix(value),
+            StringMatchKind::Presence => StringMatch::Presence,
+        }
+    }
+}
+
+/// The (ignored) value of `presence`: null, `{}` or `[]`.
+struct Empty;
+
+impl<'de> Deserialize<'de> for Empty {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EmptyVisitor;
+        impl<'de> Visitor<'de> for EmptyVisitor {
+            type Value = Empty;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("nothing (null, {} or [])")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Empty, E> {
+                Ok(Empty)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Empty, E> {
+                Ok(Empty)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Empty, A::Error> {
+                match map.next_key::<de::IgnoredAny>()? {
+                    None => Ok(Empty),
+                    Some(_) => Err(de::Error::custom("presence takes no value")),
+                }
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Empty, A::Error> {
+                match seq.next_element::<de::IgnoredAny>()? {
+                    None => Ok(Empty),
+                    Some(_) => Err(de::Error::custom("presence takes no value")),
+                }
+            }
+        }
+        d.deserialize_any(EmptyVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for StringMatchDe {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct StringMatchVisitor;
+        impl<'de> Visitor<'de> for StringMatchVisitor {
+            type Value = StringMatchDe;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a string match ({exact: ..}, {prefix: ..}, {suffix: ..} or {presence: {}})",
+                )
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StringMatchDe, A::Error> {
+                let Some(name) = map.next_key::<String>()? else {
+                    return Err(de::Error::custom(
+                        "empty string match: expected one of exact, prefix, suffix, presence",
+                    ));
+                };
+                let kind = StringMatchKind::from_name(&name)?;
+                let value = match kind {
+                    StringMatchKind::Presence => {
+                        map.next_value::<Empty>()?;
+                        String::new()
+                    }
+                    _ => map.next_value::<String>()?,
+                };
+                if let Some(extra) = map.next_key::<String>()? {
+                    return Err(de::Error::custom(format!(
+                        "string match has both `{name}` and `{extra}`; use one"
+                    )));
+                }
+                Ok(StringMatchDe(kind.build(value)))
+            }
+            fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<StringMatchDe, A::Error> {
+                let (name, variant) = data.variant::<String>()?;
+                let kind = StringMatchKind::from_name(&name)?;
+                let value = match kind {
+                    StringMatchKind::Presence => {
+                        variant.newtype_variant::<Empty>()?;
+                        String::new()
+                    }
+                    _ => variant.newtype_variant::<String>()?,
+                };
+                Ok(StringMatchDe(kind.build(value)))
+            }
+        }
+        d.deserialize_any(StringMatchVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,466 @@
+//! The configuration model: workloads, services and authorization policies.
+//!
+//! These are plain owned values with no serde or protobuf attached, so every
+//! source (local YAML now, xDS later) converts into the same types. They are
+//! built on the control thread and shared read-only with every core through
+//! `Arc`, hence `Send + Sync` and no interior mutability.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// Service account assumed when a workload doesn't name one.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+/// Trust domain assumed when a workload doesn't name one.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+/// HBONE port of a gateway (waypoint, network gateway) unless it says otherwise.
+pub const DEFAULT_HBONE_MTLS_PORT: u16 = 15008;
+
+/// A workload (pod, VM, ...) as pushed by the control plane. `uid` is the
+/// primary key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub uid: String,
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+    pub trust_domain: String,
+    pub addresses: Vec<IpAddr>,
+    pub hostname: String,
+    pub network: String,
+    pub protocol: TunnelProtocol,
+    pub node: String,
+    pub canonical_name: String,
+    pub canonical_revision: String,
+    pub workload_name: String,
+    pub workload_type: WorkloadType,
+    pub status: WorkloadStatus,
+    pub cluster_id: String,
+    /// Policy keys ("ns/name") selected for this workload (scope
+    /// `WorkloadSelector`); unknown keys are to be skipped, not fatal.
+    pub authorization_policies: Vec<String>,
+    /// Services this workload backs, keyed "ns/hostname", with the port
+    /// mapping as seen from this workload (target ports are per pod).
+    pub services: BTreeMap<String, Vec<PortMapping>>,
+    pub locality: Option<Locality>,
+    pub network_mode: NetworkMode,
+    /// Relative load-balancing weight.
+    pub capacity: u32,
+    pub waypoint: Option<GatewayAddress>,
+    pub network_gateway: Option<GatewayAddress>,
+    pub native_tunnel: bool,
+    pub application_tunnel: Option<ApplicationTunnel>,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            uid: String::new(),
+            name: String::new(),
+            namespace: String::new(),
+            service_account: DEFAULT_SERVICE_ACCOUNT.to_owned(),
+            trust_domain: DEFAULT_TRUST_DOMAIN.to_owned(),
+            addresses: Vec::new(),
+            hostname: String::new(),
+            network: String::new(),
+            protocol: TunnelProtocol::default(),
+            node: String::new(),
+            canonical_name: String::new(),
+            canonical_revision: String::new(),
+            workload_name: String::new(),
+            workload_type: WorkloadType::default(),
+            status: WorkloadStatus::default(),
+            cluster_id: String::new(),
+            authorization_policies: Vec::new(),
+            services: BTreeMap::new(),
+            locality: None,
+            network_mode: NetworkMode::default(),
+            capacity: 1,
+            waypoint: None,
+            network_gateway: None,
+            native_tunnel: false,
+            application_tunnel: None,
+        }
+    }
+}
+
+impl Workload {
+    /// The workload's identity, `spiffe://<td>/ns/<ns>/sa/<sa>`: what its
+    /// certificate carries and what peers verify.
+    pub fn spiffe_id(&self) -> String {
+        format!(
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+/// How traffic to a workload is carried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum TunnelProtocol {
+    /// Plain TCP: the workload is not in the mesh (YAML `TCP`).
+    #[default]
+    None,
+    /// HTTP/2 CONNECT over mTLS to port 15008 (YAML `HBONE`).
+    Hbone,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WorkloadType {
+    #[default]
+    Deployment,
+    CronJob,
+    Pod,
+    Job,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WorkloadStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+/// A host-network workload shares the node's IP, so it is not looked up by
+/// address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum NetworkMode {
+    #[default]
+    Standard,
+    HostNetwork,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub subzone: String,
+}
+
+/// Service port → target (container) port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortMapping {
+    pub service_port: u16,
+    /// On a [`Service`], 0 means "take it from the endpoint's own mapping"
+    /// (Kubernetes named target ports resolve per pod).
+    pub target_port: u16,
+}
+
+/// An IP on a named network ("" is the default network).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NetworkAddress {
+    pub network: String,
+    pub ip: IpAddr,
+}
+
+impl fmt::Display for NetworkAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.ip)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NamespacedHostname {
+    pub namespace: String,
+    pub hostname: String,
+}
+
+impl fmt::Display for NamespacedHostname {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// Where a waypoint or network gateway is reached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GatewayAddress {
+    pub destination: GatewayDestination,
+    pub hbone_mtls_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GatewayDestination {
+    /// A service, resolved through the snapshot at connection time.
+    Hostname(NamespacedHostname),
+    Address(NetworkAddress),
+}
+
+/// How a workload's own proxy (e.g. a sandwiched waypoint) wants to receive
+/// traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ApplicationTunnel {
+    pub protocol: ApplicationTunnelProtocol,
+    /// None: the original destination port.
+    pub port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ApplicationTunnelProtocol {
+    #[default]
+    None,
+    /// PROXY protocol v2 header in front of the stream.
+    Proxy,
+}
+
+/// A service: a hostname plus VIPs that load-balance over its endpoints
+/// (the workloads whose `services` map names it). Key: "ns/hostname".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Service {
+    pub name: String,
+    pub namespace: String,
+    pub hostname: String,
+    pub vips: Vec<NetworkAddress>,
+    pub ports: Vec<PortMapping>,
+    pub subject_alt_names: Vec<String>,
+    pub waypoint: Option<GatewayAddress>,
+    pub load_balancer: Option<LoadBalancer>,
+    /// Preferred when the same hostname exists in several namespaces.
+    pub canonical: bool,
+}
+
+impl Service {
+    /// The primary key, "ns/hostname" (the xDS resource name).
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.hostname)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadBalancer {
+    /// Locality scopes to match, most important first.
+    pub routing_preferences: Vec<LbScope>,
+    pub mode: LbMode,
+    pub health_policy: LbHealthPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LbScope {
+    Region,
+    Zone,
+    Subzone,
+    Node,
+    Cluster,
+    Network,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LbMode {
+    /// Ignore routing preferences.
+    #[default]
+    Standard,
+    /// Only endpoints matching every preference; otherwise fail.
+    Strict,
+    /// Prefer endpoints matching the most preferences.
+    Failover,
+    /// No endpoint selection: connect to the original destination.
+    Passthrough,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LbHealthPolicy {
+    #[default]
+    OnlyHealthy,
+    AllowAll,
+}
+
+/// An authorization policy as ztunnel receives it (already flattened by
+/// istiod). Key: "ns/name". Evaluation lives elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub name: String,
+    pub namespace: String,
+    pub scope: PolicyScope,
+    pub action: PolicyAction,
+    pub dry_run: bool,
+    /// Any rule matching makes the policy match; no rules never matches.
+    pub rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// The primary key, "ns/name" (the xDS resource name).
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyScope {
+    /// Applies to every workload in the mesh.
+    Global,
+    /// Applies to every workload in the policy's namespace.
+    Namespace,
+    /// Applies to workloads that list it in `authorization_policies`.
+    WorkloadSelector,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyAction {
+    Allow,
+    Deny,
+}
+
+/// Matches when every clause matches.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rule {
+    pub clauses: Vec<Clause>,
+}
+
+/// Matches when any of its matches does (a clause with none matches).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clause {
+    pub matches: Vec<Match>,
+}
+
+/// All non-empty field pairs must hold: a positive list needs one hit, a
+/// negative (`not_*`) list needs none.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Match {
+    pub namespaces: Vec<StringMatch>,
+    pub not_namespaces: Vec<StringMatch>,
+    pub principals: Vec<StringMatch>,
+    pub not_principals: Vec<StringMatch>,
+    pub service_accounts: Vec<ServiceAccountMatch>,
+    pub not_service_accounts: Vec<ServiceAccountMatch>,
+    pub source_ips: Vec<Cidr>,
+    pub not_source_ips: Vec<Cidr>,
+    pub destination_ips: Vec<Cidr>,
+    pub not_destination_ips: Vec<Cidr>,
+    pub destination_ports: Vec<u16>,
+    pub not_destination_ports: Vec<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Suffix(String),
+    /// Any non-empty value.
+    Presence,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServiceAccountMatch {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// An IP prefix. `prefix_len` never exceeds 32 (IPv4) or 128 (IPv6) when
+/// built through [`Cidr::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl Cidr {
+    /// None if `prefix_len` is too long for the address family.
+    pub fn new(addr: IpAddr, prefix_len: u8) -> Option<Cidr> {
+        (prefix_len <= max_prefix_len(addr)).then_some(Cidr { addr, prefix_len })
+    }
+
+    /// The single-address prefix (/32 or /128).
+    pub fn host(addr: IpAddr) -> Cidr {
+        Cidr {
+            addr,
+            prefix_len: max_prefix_len(addr),
+        }
+    }
+
+    /// Whether `ip` falls inside the prefix; never across address families.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let len = u32::from(self.prefix_len.min(32));
+                let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+                (u32::from(net) & mask) == (u32::from(ip) & mask)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let len = u32::from(self.prefix_len.min(128));
+                let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+                (u128::from(net) & mask) == (u128::from(ip) & mask)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix_len)
+    }
+}
+
+fn max_prefix_len(addr: IpAddr) -> u8 {
+    match addr {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+// Everything here is shared across cores behind `Arc`.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Workload>();
+    send_sync::<Service>();
+    send_sync::<Policy>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_defaults_and_identity() {
+        let w = Workload {
+            namespace: "shop".into(),
+            ..Workload::default()
+        };
+        assert_eq!(w.capacity, 1);
+        assert_eq!(w.protocol, TunnelProtocol::None);
+        assert_eq!(w.spiffe_id(), "spiffe://cluster.local/ns/shop/sa/default");
+        let w = Workload {
+            trust_domain: "example.org".into(),
+            service_account: "cart".into(),
+            ..w
+        };
+        assert_eq!(w.spiffe_id(), "spiffe://example.org/ns/shop/sa/cart");
+    }
+
+    #[test]
+    fn keys() {
+        let s = Service {
+            namespace: "default".into(),
+            hostname: "web.default.svc.cluster.local".into(),
+            ..Service::default()
+        };
+        assert_eq!(s.key(), "default/web.default.svc.cluster.local");
+        let p = Policy {
+            name: "deny-all".into(),
+            namespace: "shop".into(),
+            scope: PolicyScope::Namespace,
+            action: PolicyAction::Deny,
+            dry_run: false,
+            rules: vec![],
+        };
+        assert_eq!(p.key(), "shop/deny-all");
+    }
+
+    #[test]
+    fn cidr_contains() {
+        let net = Cidr::new("10.1.0.0".parse().unwrap(), 16).unwrap();
+        assert!(net.contains("10.1.255.3".parse().unwrap()));
+        assert!(!net.contains("10.2.0.1".parse().unwrap()));
+        assert!(!net.contains("::ffff:10.1.0.1".parse().unwrap()));
+        let all = Cidr::new("0.0.0.0".parse().unwrap(), 0).unwrap();
+        assert!(all.contains("192.0.2.1".parse().unwrap()));
+        let host = Cidr::host("2001:db8::1".parse().unwrap());
+        assert_eq!(host.prefix_len, 128);
+        assert!(host.contains("2001:db8::1".parse().unwrap()));
+        assert!(!host.contains("2001:db8::2".parse().unwrap()));
+        let v6 = Cidr::new("2001:db8::".parse().unwrap(), 32).unwrap();
+        assert!(v6.contains("2001:db8:ffff::9".parse().unwrap()));
+        assert!(Cidr::new("10.0.0.0".parse().unwrap(), 33).is_none());
+        assert!(Cidr::new("::".parse().unwrap(), 129).is_none());
+        assert_eq!(net.to_string(), "10.1.0.0/16");
+    }
+}

@@ -1,0 +1,229 @@
+//! Hands snapshots from the control thread to the data-plane cores.
+//!
+//! Readers never take a lock: the current snapshot lives in an `ArcSwap`
+//! (a per-connection `load` is a few atomics), and a `tokio::sync::watch`
+//! carrying the version wakes tasks that must react to a change. Only the
+//! `sync` part of tokio is used on the reader side, so a feed can be awaited
+//! from any executor (glommio included) without a tokio runtime.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::snapshot::Snapshot;
+
+/// A borrowed view of the current snapshot; cheaper than cloning the `Arc`
+/// (no shared refcount write), meant for short, non-`await`ing use.
+pub type SnapshotGuard = arc_swap::Guard<Arc<Snapshot>>;
+
+/// The publishing side. Cloning gives another handle to the same slot;
+/// subscribers see [`Closed`] once every handle is dropped.
+#[derive(Clone)]
+pub struct SnapshotPublisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Shared with every feed; kept apart from the sender so feeds don't keep
+    /// the channel open.
+    current: Arc<ArcSwap<Snapshot>>,
+    version_tx: watch::Sender<u64>,
+    /// Last version handed out; held across stamp + swap + notify so
+    /// versions appear in order even with several publishing handles.
+    last_version: Mutex<u64>,
+}
+
+impl SnapshotPublisher {
+    /// Starts with [`Snapshot::empty`] at version 0.
+    pub fn new() -> SnapshotPublisher {
+        let (version_tx, _) = watch::channel(0);
+        SnapshotPublisher {
+            inner: Arc::new(Inner {
+                current: Arc::new(ArcSwap::from_pointee(Snapshot::empty())),
+                version_tx,
+                last_version: Mutex::new(0),
+            }),
+        }
+    }
+
+    /// Stamps the next version on `snapshot`, makes it current and wakes the
+    /// feeds. Returns the version.
+    pub fn publish(&self, mut snapshot: Snapshot) -> u64 {
+        let mut last = self
+            .inner
+            .last_version
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let version = *last + 1;
+        snapshot.set_version(version);
+        self.inner.current.store(Arc::new(snapshot));
+        *last = version;
+        // Swap before notify: a woken reader always finds at least this one.
+        self.inner.version_tx.send_replace(version);
+        version
+    }
+
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.inner.current.load_full()
+    }
+
+    pub fn version(&self) -> u64 {
+        *self.inner.version_tx.borrow()
+    }
+
+    /// A feed that will wake for versions published after this call.
+    pub fn subscribe(&self) -> SnapshotFeed {
+        SnapshotFeed {
+            current: self.inner.current.clone(),
+            version_rx: self.inner.version_tx.subscribe(),
+        }
+    }
+}
+
+impl Default for SnapshotPublisher {
+    fn default() -> Self {
+        SnapshotPublisher::new()
+    }
+}
+
+/// The reading side, one per core (or per task that reacts to changes).
+#[derive(Clone)]
+pub struct SnapshotFeed {
+    current: Arc<ArcSwap<Snapshot>>,
+    version_rx: watch::Receiver<u64>,
+}
+
+/// Every [`SnapshotPublisher`] handle is gone; no new versions will come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("snapshot publisher closed")]
+pub struct Closed;
+
+impl SnapshotFeed {
+    /// The latest published snapshot (still readable after [`Closed`]).
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Like [`current`](Self::current) without touching the shared refcount;
+    /// for per-connection lookups. Don't hold it across an `await`.
+    pub fn load(&self) -> SnapshotGuard {
+        self.current.load()
+    }
+
+    /// The latest published version.
+    pub fn version(&self) -> u64 {
+        *self.version_rx.borrow()
+    }
+
+    /// Waits until a version newer than the last one this feed observed is
+    /// published (versions published in between coalesce into one wake-up).
+    pub async fn changed(&mut self) -> Result<(), Closed> {
+        self.version_rx.changed().await.map_err(|_| Closed)?;
+        self.version_rx.borrow_and_update();
+        Ok(())
+    }
+}
+
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<SnapshotPublisher>();
+    send::<SnapshotFeed>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Workload;
+    use std::time::Duration;
+
+    fn one_workload(uid: &str) -> Snapshot {
+        Snapshot::new(
+            vec![Workload {
+                uid: uid.into(),
+                addresses: vec!["10.0.0.1".parse().unwrap()],
+                ..Workload::default()
+            }],
+            vec![],
+            vec![],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn starts_empty_and_stamps_versions() {
+        let publisher = SnapshotPublisher::new();
+        let feed = publisher.subscribe();
+        assert_eq!(publisher.version(), 0);
+        assert_eq!(feed.current().version(), 0);
+        assert!(feed.current().is_empty());
+
+        assert_eq!(publisher.publish(one_workload("a")), 1);
+        assert_eq!(publisher.clone().publish(one_workload("b")), 2);
+        assert_eq!(publisher.version(), 2);
+        assert_eq!(feed.version(), 2);
+        let snap = feed.load();
+        assert_eq!(snap.version(), 2);
+        assert!(snap.workload_by_uid("b").is_some());
+        assert!(snap.workload_by_uid("a").is_none());
+        assert_eq!(publisher.current().version(), 2);
+    }
+
+    /// The feed is awaited on a thread with no tokio runtime (as on a glommio
+    /// core) while another thread publishes.
+    #[test]
+    fn feed_wakes_on_publish_from_another_thread() {
+        let publisher = SnapshotPublisher::new();
+        let mut feed = publisher.subscribe();
+        let reader = std::thread::spawn(move || {
+            futures_lite::future::block_on(async {
+                let mut seen = Vec::new();
+                loop {
+                    feed.changed().await.expect("publisher alive");
+                    let snap = feed.current();
+                    seen.push(snap.version());
+                    if snap.workload_by_uid("last").is_some() {
+                        break;
+                    }
+                }
+                // After the last handle is dropped the feed reports Closed,
+                // and the final snapshot is still readable.
+                assert_eq!(feed.changed().await, Err(Closed));
+                assert!(feed.current().workload_by_uid("last").is_some());
+                seen
+            })
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        publisher.publish(one_workload("first"));
+        std::thread::sleep(Duration::from_millis(20));
+        let last = publisher.publish(one_workload("last"));
+        drop(publisher);
+        let seen = reader.join().unwrap();
+        assert_eq!(*seen.last().unwrap(), last);
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "versions only grow: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn changed_does_not_fire_for_already_seen_versions() {
+        let publisher = SnapshotPublisher::new();
+        publisher.publish(Snapshot::empty());
+        let mut feed = publisher.subscribe();
+        let pending =
+            futures_lite::future::block_on(futures_lite::future::poll_once(feed.changed()));
+        assert!(
+            pending.is_none(),
+            "subscribe marks the current version seen"
+        );
+        publisher.publish(Snapshot::empty());
+        publisher.publish(Snapshot::empty());
+        futures_lite::future::block_on(feed.changed()).unwrap();
+        assert_eq!(feed.version(), 3);
+        let pending =
+            futures_lite::future::block_on(futures_lite::future::poll_once(feed.changed()));
+        assert!(pending.is_none(), "two publishes coalesce into one wake-up");
+    }
+}

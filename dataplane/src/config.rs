@@ -1,0 +1,321 @@
+//! Command line and environment: everything an operator tunes. Parsed once
+//! on the main thread into [`ProxyConfig`], which every core gets a copy of.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+
+use crate::copy::CopyMode;
+
+/// ringway: a thread-per-core io_uring node proxy for Istio's ambient mesh.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ringway", version, about)]
+pub struct Args {
+    /// Local config file (ztunnel LOCAL_XDS schema: workloads, services,
+    /// policies). Watched: a valid edit is applied, an invalid one is logged
+    /// and the last good config stays. Without it the embedded default
+    /// config (examples/local.yaml) is used.
+    #[arg(long, env = "RINGWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// How often the config file is checked for edits.
+    #[arg(long, env = "RINGWAY_CONFIG_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub config_poll_interval: Duration,
+
+    /// Cores to run on: a count ("2": the first two CPUs this process may
+    /// use) or a CPU list ("0-3,6"; a single CPU is written "3-3"). One
+    /// pinned executor per entry. Default: every CPU this process may use.
+    #[arg(long, env = "RINGWAY_CORES")]
+    pub cores: Option<String>,
+
+    /// Do not pin executors to CPUs (the count of --cores still applies).
+    #[arg(long, env = "RINGWAY_NO_PIN")]
+    pub no_pin: bool,
+
+    /// Outbound capture listener(s) (original destination via
+    /// SO_ORIGINAL_DST). Comma-separated; port 0 picks a free port.
+    #[arg(
+        long,
+        env = "RINGWAY_OUTBOUND_ADDR",
+        default_value = "0.0.0.0:15001",
+        value_delimiter = ','
+    )]
+    pub outbound_addr: Vec<SocketAddr>,
+
+    /// Inbound plaintext passthrough listener(s) (SO_ORIGINAL_DST or TPROXY).
+    #[arg(
+        long,
+        env = "RINGWAY_INBOUND_PASSTHROUGH_ADDR",
+        default_value = "0.0.0.0:15006",
+        value_delimiter = ','
+    )]
+    pub inbound_passthrough_addr: Vec<SocketAddr>,
+
+    /// Inbound HBONE listener(s) (mTLS HTTP/2 CONNECT).
+    #[arg(
+        long,
+        env = "RINGWAY_INBOUND_ADDR",
+        default_value = "0.0.0.0:15008",
+        value_delimiter = ','
+    )]
+    pub inbound_addr: Vec<SocketAddr>,
+
+    /// splice: zero-copy through a pipe; copy: userspace buffer.
+    #[arg(long, env = "RINGWAY_COPY_MODE", value_enum, default_value = "splice")]
+    pub copy_mode: CopyMode,
+
+    /// SO_MARK on ringway's outgoing sockets so capture rules can skip them
+    /// (decimal or 0x hex; 0 disables).
+    #[arg(long, env = "RINGWAY_MARK", default_value = "0x539", value_parser = parse_u32)]
+    pub mark: u32,
+
+    /// Upstream connect timeout.
+    #[arg(long, env = "RINGWAY_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// TCP keepalive idle time and probe interval on proxied sockets
+    /// ("0s" disables).
+    #[arg(long, env = "RINGWAY_TCP_KEEPALIVE", default_value = "180s", value_parser = parse_duration)]
+    pub tcp_keepalive: Duration,
+
+    /// On SIGTERM/SIGINT: stop accepting, let open connections finish for
+    /// this long, then close them.
+    #[arg(long, env = "RINGWAY_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// This node's network (workload and VIP lookups are scoped by it).
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
+
+    /// Log format.
+    #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Once every core has bound its listeners, write their addresses here
+    /// as JSON (useful with port 0, for supervisors and tests).
+    #[arg(long, env = "RINGWAY_BOUND_ADDRS_FILE")]
+    pub bound_addrs_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (examples: 500ms, 10s, 5m)"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("invalid number {s:?}"))
+}
+
+/// Which CPUs get an executor, and whether it is pinned there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorePlan {
+    pub cpus: Vec<usize>,
+    pub pin: bool,
+}
+
+/// Resolves `--cores` against the CPUs this process may run on.
+pub fn plan_cores(spec: Option<&str>, allowed: &[usize], pin: bool) -> anyhow::Result<CorePlan> {
+    if allowed.is_empty() {
+        bail!("no CPUs are available to this process");
+    }
+    let cpus = match spec.map(str::trim) {
+        None | Some("") => allowed.to_vec(),
+        Some(s) if s.chars().all(|c| c.is_ascii_digit()) => {
+            let n: usize = s.parse().context("invalid --cores count")?;
+            if n == 0 {
+                bail!("--cores 0: at least one core is needed");
+            }
+            if n > allowed.len() {
+                bail!(
+                    "--cores {n}: only {} CPUs are available to this process ({})",
+                    allowed.len(),
+                    format_cpus(allowed)
+                );
+            }
+            allowed[..n].to_vec()
+        }
+        Some(s) => {
+            let mut cpus = Vec::new();
+            for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                let (lo, hi) = match part.split_once('-') {
+                    Some((a, b)) => (a.trim(), b.trim()),
+                    None => bail!(
+                        "--cores {s:?}: {part:?} is neither a count nor a range; write a single CPU as \"{part}-{part}\""
+                    ),
+                };
+                let lo: usize = lo
+                    .parse()
+                    .with_context(|| format!("--cores: bad CPU number in {part:?}"))?;
+                let hi: usize = hi
+                    .parse()
+                    .with_context(|| format!("--cores: bad CPU number in {part:?}"))?;
+                if lo > hi {
+                    bail!("--cores: empty range {part:?}");
+                }
+                for cpu in lo..=hi {
+                    if !allowed.contains(&cpu) {
+                        bail!(
+                            "--cores: CPU {cpu} does not exist or is not available to this process (available: {})",
+                            format_cpus(allowed)
+                        );
+                    }
+                    if !cpus.contains(&cpu) {
+                        cpus.push(cpu);
+                    }
+                }
+            }
+            if cpus.is_empty() {
+                bail!("--cores {s:?} names no CPU");
+            }
+            cpus
+        }
+    };
+    Ok(CorePlan { cpus, pin })
+}
+
+pub fn format_cpus(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The CPUs in this thread's affinity mask (respects taskset and cgroup
+/// cpusets, unlike a plain CPU count).
+pub fn allowed_cpus() -> Vec<usize> {
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        return (0..n).collect();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// What every core needs to know, fixed at startup.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub copy_mode: CopyMode,
+    pub connect: crate::socket::ConnectOpts,
+    pub drain_timeout: Duration,
+    pub network: String,
+}
+
+impl ProxyConfig {
+    pub fn from_args(args: &Args) -> Self {
+        Self {
+            copy_mode: args.copy_mode,
+            connect: crate::socket::ConnectOpts {
+                mark: args.mark,
+                timeout: args.connect_timeout,
+                keepalive: (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive),
+            },
+            drain_timeout: args.drain_timeout,
+            network: args.network.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_count_and_lists() {
+        let allowed = [0, 1, 2, 3];
+        assert_eq!(
+            plan_cores(None, &allowed, true).unwrap().cpus,
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            plan_cores(Some("2"), &allowed, true).unwrap().cpus,
+            vec![0, 1]
+        );
+        assert_eq!(
+            plan_cores(Some("1-2,0-0"), &allowed, false).unwrap().cpus,
+            vec![1, 2, 0]
+        );
+        assert_eq!(
+            plan_cores(Some("3-3"), &allowed, true).unwrap().cpus,
+            vec![3]
+        );
+    }
+
+    #[test]
+    fn cores_errors_are_clear() {
+        let allowed = [0, 1];
+        let e = plan_cores(Some("0-5"), &allowed, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CPU 2 does not exist"), "{e}");
+        let e = plan_cores(Some("3"), &allowed, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only 2 CPUs"), "{e}");
+        let e = plan_cores(Some("0"), &allowed, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least one"), "{e}");
+        let e = plan_cores(Some("1,0"), &allowed, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("neither a count nor a range"), "{e}");
+        assert!(plan_cores(Some("2-1"), &allowed, true).is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn marks() {
+        assert_eq!(parse_u32("0x539").unwrap(), 1337);
+        assert_eq!(parse_u32("1337").unwrap(), 1337);
+        assert!(parse_u32("zz").is_err());
+    }
+}

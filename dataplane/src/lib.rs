@@ -1,0 +1,25 @@
+//! ringway's data plane: one pinned glommio executor per core, each with
+//! its own listeners, readiness ring, copy pools and snapshot slot.
+//!
+//! Layout:
+//! - [`runtime`]: per-core executors, startup checks, drain.
+//! - [`listeners`]: REUSEPORT listeners per core and the accept loop.
+//! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`inbound`] (15008): the traffic paths.
+//! - [`copy`]: splice / userspace byte movement with TCP half-close and RST semantics.
+//! - [`uring`]: the per-core io_uring readiness reactor the copy engine waits on.
+//! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
+//! - [`accesslog`]: one log line per connection.
+//! - [`config`]: flags and environment.
+//! - [`app`]: wiring it together for the binary.
+
+pub mod accesslog;
+pub mod app;
+pub mod config;
+pub mod copy;
+pub mod inbound;
+pub mod inbound_passthrough;
+pub mod listeners;
+pub mod outbound;
+pub mod runtime;
+pub mod socket;
+pub mod uring;

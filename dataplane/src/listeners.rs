@@ -1,0 +1,168 @@
+//! Listeners: bound once per core on the main thread (so a bind error stops
+//! startup with a clear message before any executor runs), then handed to
+//! each core, which runs its own accept loop. Every core has its own
+//! SO_REUSEPORT socket per address; the kernel spreads connections.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::accesslog::ConnLog;
+use crate::runtime::CoreInputs;
+use crate::socket;
+
+/// The traffic path a listener feeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrafficPath {
+    /// 15001: captured pod egress.
+    Outbound,
+    /// 15006: captured plaintext ingress.
+    InboundPassthrough,
+    /// 15008: HBONE (mTLS HTTP/2 CONNECT) ingress.
+    Inbound,
+}
+
+impl TrafficPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrafficPath::Outbound => "outbound",
+            TrafficPath::InboundPassthrough => "inbound_passthrough",
+            TrafficPath::Inbound => "inbound",
+        }
+    }
+}
+
+/// One core's socket for one listening address.
+pub struct BoundListener {
+    pub path: TrafficPath,
+    pub addr: SocketAddr,
+    pub fd: OwnedFd,
+}
+
+const BACKLOG: i32 = 4096;
+
+/// Binds `cores` REUSEPORT sockets for every address. With port 0 the first
+/// bind picks the port and the other cores join it.
+pub fn bind_all(
+    specs: &[(TrafficPath, Vec<SocketAddr>)],
+    cores: usize,
+) -> anyhow::Result<Vec<Vec<BoundListener>>> {
+    let mut per_core: Vec<Vec<BoundListener>> = (0..cores).map(|_| Vec::new()).collect();
+    for (path, addrs) in specs {
+        for &requested in addrs {
+            let mut addr = requested;
+            for (core, slot) in per_core.iter_mut().enumerate() {
+                let transparent = *path != TrafficPath::Outbound;
+                let fd = socket::bind_listener(addr, transparent, BACKLOG).with_context(|| {
+                    format!(
+                        "cannot bind the {} listener on {addr} (core {core}); is another process using the port?",
+                        path.name()
+                    )
+                })?;
+                if addr.port() == 0 {
+                    addr = socket::local_addr(fd.as_raw_fd())?;
+                }
+                slot.push(BoundListener {
+                    path: *path,
+                    addr,
+                    fd,
+                });
+            }
+        }
+    }
+    Ok(per_core)
+}
+
+/// Addresses that lead back into ringway itself: a destination with one of
+/// our listener ports on a local address would make a forwarding loop.
+#[derive(Clone, Debug, Default)]
+pub struct SelfAddrs {
+    pub ports: Vec<u16>,
+    pub local_ips: Vec<IpAddr>,
+}
+
+impl SelfAddrs {
+    pub fn is_self(&self, dst: SocketAddr) -> bool {
+        self.ports.contains(&dst.port())
+            && (dst.ip().is_loopback()
+                || dst.ip().is_unspecified()
+                || self.local_ips.contains(&dst.ip()))
+    }
+}
+
+/// Accepts until the task is dropped (which closes the socket: drain).
+/// Each connection runs as its own task; its [`ConnLog`] exists from
+/// accept on, so drain counts it even before the task first runs.
+pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
+    let fd = listener.fd.as_raw_fd();
+    loop {
+        match socket::accept(fd) {
+            Ok(conn) => {
+                let log = ConnLog::new(core.open.clone(), core.index, listener.path);
+                glommio::spawn_local(crate::runtime::serve(core.clone(), conn, log)).detach();
+                glommio::yield_if_needed().await;
+            }
+            Err(e) if socket::would_block(&e) => {
+                if let Err(e) = core.poller.ready(fd, libc::POLLIN).await {
+                    tracing::error!(addr = %listener.addr, error = %e, "listener readiness failed");
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Err(e) if is_transient(&e) => continue,
+            Err(e) => {
+                // Out of fds or memory: back off instead of spinning, the
+                // queued connections wait in the backlog meanwhile.
+                tracing::warn!(addr = %listener.addr, error = %e, "accept failed; retrying in 50ms");
+                glommio::timer::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EPROTO) | Some(libc::EPERM)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_addrs() {
+        let s = SelfAddrs {
+            ports: vec![15001, 15006],
+            local_ips: vec!["10.1.2.3".parse().unwrap()],
+        };
+        assert!(s.is_self("127.0.0.1:15001".parse().unwrap()));
+        assert!(s.is_self("10.1.2.3:15006".parse().unwrap()));
+        assert!(s.is_self("[::1]:15001".parse().unwrap()));
+        assert!(!s.is_self("10.1.2.4:15001".parse().unwrap()));
+        assert!(!s.is_self("127.0.0.1:8080".parse().unwrap()));
+    }
+
+    #[test]
+    fn port_zero_is_shared_by_all_cores() {
+        let specs = vec![(TrafficPath::Outbound, vec!["127.0.0.1:0".parse().unwrap()])];
+        let bound = bind_all(&specs, 2).unwrap();
+        assert_eq!(bound.len(), 2);
+        assert_ne!(bound[0][0].addr.port(), 0);
+        assert_eq!(bound[0][0].addr, bound[1][0].addr);
+    }
+
+    #[test]
+    fn bind_conflict_is_a_clear_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let specs = vec![(TrafficPath::InboundPassthrough, vec![addr])];
+        let err = format!("{:#}", bind_all(&specs, 1).err().unwrap());
+        assert!(err.contains("inbound_passthrough listener"), "{err}");
+        assert!(err.contains(&addr.to_string()), "{err}");
+    }
+}

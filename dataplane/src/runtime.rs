@@ -1,0 +1,273 @@
+//! The per-core runtime: one glommio executor per selected CPU, each with
+//! its own readiness ring, copy pools, listeners, snapshot slot and
+//! counters. Nothing on the data path is shared between cores; the only
+//! cross-thread inputs are the snapshot feed and the shutdown signal, both
+//! read without locks.
+
+use std::cell::RefCell;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use glommio::{LocalExecutorBuilder, Placement};
+use ringway_controlplane::{Snapshot, SnapshotFeed};
+use tokio::sync::watch;
+
+use crate::accesslog::{ConnLog, OpenConnections};
+use crate::config::{CorePlan, ProxyConfig};
+use crate::copy::Copier;
+use crate::listeners::{self, BoundListener, SelfAddrs, TrafficPath};
+use crate::uring::Poller;
+
+/// Everything one core's connections read. Core-local (!Send): built on the
+/// core from a [`CoreSeed`].
+pub struct CoreInputs {
+    pub index: usize,
+    pub cfg: ProxyConfig,
+    pub poller: Rc<Poller>,
+    pub copier: Copier,
+    pub self_addrs: SelfAddrs,
+    pub open: Rc<OpenConnections>,
+    /// Flips to true at the drain deadline: every connection still open is
+    /// cancelled (and so logged and closed).
+    pub force_close: watch::Receiver<bool>,
+    /// The core's current snapshot. Connections clone the `Rc` (no atomic
+    /// traffic between cores); the watcher task swaps it on publish.
+    #[allow(clippy::redundant_allocation)] // the Rc is the point: core-local refcount
+    snapshot: RefCell<Rc<Arc<Snapshot>>>,
+}
+
+impl CoreInputs {
+    /// The snapshot a new connection decides with; it keeps this version
+    /// for its whole life even if a newer one arrives meanwhile.
+    #[allow(clippy::redundant_allocation)]
+    pub fn snapshot(&self) -> Rc<Arc<Snapshot>> {
+        self.snapshot.borrow().clone()
+    }
+}
+
+/// What crosses into a core at startup (Send).
+pub struct CoreSeed {
+    pub index: usize,
+    pub cfg: ProxyConfig,
+    pub listeners: Vec<BoundListener>,
+    pub feed: SnapshotFeed,
+    pub shutdown: watch::Receiver<bool>,
+    pub self_addrs: SelfAddrs,
+}
+
+/// Runs one accepted connection on its traffic path, until it ends or the
+/// drain deadline cancels it.
+pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
+    let mut force_close = core.force_close.clone();
+    let work = async move {
+        match log.path() {
+            TrafficPath::Outbound => crate::outbound::serve(core, conn, log).await,
+            TrafficPath::InboundPassthrough => {
+                crate::inbound_passthrough::serve(core, conn, log).await
+            }
+            TrafficPath::Inbound => crate::inbound::serve(core, conn, log).await,
+        }
+    };
+    let deadline = async move {
+        // A closed channel means the core is gone: cancel as well.
+        let _ = force_close.wait_for(|closing| *closing).await;
+    };
+    futures_lite::future::or(work, deadline).await;
+}
+
+async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result<()> {
+    let CoreSeed {
+        index,
+        cfg,
+        listeners,
+        mut feed,
+        mut shutdown,
+        self_addrs,
+    } = seed;
+    let (force_tx, force_close) = watch::channel(false);
+    let poller = Poller::new(1024).context(
+        "cannot create the per-core io_uring (is io_uring disabled by sysctl or seccomp?)",
+    )?;
+    glommio::spawn_local(poller.clone().pump()).detach();
+    let core = Rc::new(CoreInputs {
+        index,
+        copier: Copier::new(poller.clone(), cfg.copy_mode),
+        cfg,
+        poller,
+        self_addrs,
+        open: Rc::new(OpenConnections::default()),
+        force_close,
+        snapshot: RefCell::new(Rc::new(feed.current())),
+    });
+
+    // Follow snapshot publications: swap the core's slot, never block.
+    let watcher = {
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            while feed.changed().await.is_ok() {
+                let snap = feed.current();
+                tracing::debug!(
+                    core = core.index,
+                    version = snap.version(),
+                    "snapshot applied"
+                );
+                *core.snapshot.borrow_mut() = Rc::new(snap);
+            }
+        })
+    };
+
+    let accept_tasks: Vec<_> = listeners
+        .into_iter()
+        .map(|l| glommio::spawn_local(listeners::accept_loop(core.clone(), l)))
+        .collect();
+    let _ = ready.send(index);
+
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    // Drain: dropping the accept tasks closes this core's listening sockets.
+    drop(accept_tasks);
+    let open = core.open.get();
+    if open > 0 {
+        tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");
+    }
+    let drained = glommio::timer::timeout(core.cfg.drain_timeout, async {
+        core.open.all_closed().await;
+        Ok(())
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            core = index,
+            open = core.open.get(),
+            "drain deadline reached; closing the remaining connections"
+        );
+        let _ = force_tx.send(true);
+        // Let the cancelled connections run their drop (close, access log).
+        let _ = glommio::timer::timeout(Duration::from_secs(1), async {
+            core.open.all_closed().await;
+            Ok(())
+        })
+        .await;
+    }
+    drop(watcher);
+    Ok(())
+}
+
+/// Starts one executor per planned core and waits until every core has its
+/// listeners running. glommio reports executor init failures (e.g. memlock)
+/// only at join; here a core that dies before signalling readiness is
+/// detected immediately and its error returned.
+pub fn start_cores(
+    plan: &CorePlan,
+    seeds: Vec<CoreSeed>,
+) -> anyhow::Result<Vec<glommio::ExecutorJoinHandle<anyhow::Result<()>>>> {
+    let mut starting = Vec::new();
+    for (seed, &cpu) in seeds.into_iter().zip(&plan.cpus) {
+        let placement = if plan.pin {
+            Placement::Fixed(cpu)
+        } else {
+            Placement::Unbound
+        };
+        // One channel per core: if the executor fails to initialise, its
+        // closure (and so the sender) is dropped and recv sees Disconnected.
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let index = seed.index;
+        let handle = LocalExecutorBuilder::new(placement)
+            .name(&format!("ringway-core{index}"))
+            // Network-only: no DMA file buffers needed, keep memlock use low.
+            .io_memory(64 << 10)
+            .preempt_timer(Duration::from_millis(2))
+            .spawn(move || async move {
+                let r = core_main(seed, ready_tx).await;
+                if let Err(e) = &r {
+                    tracing::error!(core = index, error = %format!("{e:#}"), "core failed");
+                }
+                r
+            })
+            .map_err(|e| anyhow!("cannot start the executor for core {index} (cpu {cpu}): {e}"))?;
+        starting.push((index, cpu, handle, ready_rx));
+    }
+    let mut handles = Vec::new();
+    for (index, cpu, handle, ready_rx) in starting {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(_) => handles.push(handle),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let why = match handle.join() {
+                    Ok(Ok(())) => "it exited early".to_string(),
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(e) => e.to_string(),
+                };
+                bail!(
+                    "core {index} (cpu {cpu}) failed to start: {why}{}",
+                    memlock_hint(&why)
+                );
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("core {index} (cpu {cpu}) did not become ready within 30s")
+            }
+        }
+    }
+    Ok(handles)
+}
+
+fn memlock_hint(e: &str) -> &'static str {
+    if e.contains("MemLock") || e.contains("memlock") {
+        " (RLIMIT_MEMLOCK is too low for io_uring: run as root, or `ulimit -l 8192` or more)"
+    } else {
+        ""
+    }
+}
+
+/// glommio refuses to start below 512 KiB of locked memory, but only says
+/// so at join. Raise the soft limit to the hard one, then fail fast with a
+/// clear message if it is still too low and we cannot bypass it.
+pub fn check_memlock() -> anyhow::Result<()> {
+    const NEEDED: u64 = 512 << 10;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
+        return Ok(());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    if lim.rlim_cur < NEEDED && unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "RLIMIT_MEMLOCK is {} KiB; the io_uring executors need at least {} KiB. Raise it (`ulimit -l 8192`, or LimitMEMLOCK= in systemd, or run as root)",
+            lim.rlim_cur / 1024,
+            NEEDED / 1024
+        );
+    }
+    Ok(())
+}
+
+/// Raise RLIMIT_NOFILE to its hard limit: a busy node proxy holds several
+/// fds per connection (two sockets, and pipes while bytes move).
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
+    {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    }
+}

@@ -1,0 +1,370 @@
+//! Test rig: real network namespaces, real nftables capture rules, a real
+//! `ringway` process. Every test makes its own namespace (unique name), so
+//! tests can use fixed ports inside it and run in parallel; everything is
+//! torn down on drop, including on panic.
+//!
+//! These tests need root (CAP_NET_ADMIN, CAP_SYS_ADMIN). Without it they
+//! fail loudly; they never skip.
+
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root (network namespaces, nftables); run the suite as root (CI does)"
+    );
+    for tool in ["ip", "nft"] {
+        let ok = Command::new("which")
+            .arg(tool)
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok,
+            "this test needs `{tool}` (apt-get install iproute2 nftables)"
+        );
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A network namespace owned by one test.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> Self {
+        require_root();
+        let name = format!(
+            "rwt-{}-{}-{}",
+            std::process::id(),
+            tag,
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        run(Command::new("ip").args(["netns", "add", &name]));
+        let ns = NetNs { name };
+        run(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]));
+        ns
+    }
+
+    /// Loads an nftables ruleset inside the namespace.
+    pub fn nft(&self, rules: &str) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("nft");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(rules.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "nft failed: {}\n{rules}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn ip(&self, args: &[&str]) {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        run(Command::new("ip").args(full));
+    }
+
+    /// Captures TCP to `ports` (e.g. "9000-9999") from this namespace to
+    /// ringway's outbound listener, skipping ringway's own marked sockets:
+    /// the same rule shape a CNI installs in a pod.
+    pub fn capture_outbound(&self, ports: &str) {
+        self.nft(&format!(
+            "table inet ringway_test {{
+               chain out {{ type nat hook output priority -100; policy accept;
+                 meta l4proto tcp meta mark & 0xfff != 0x539 tcp dport {{ {ports} }} redirect to :15001;
+             }}
+             }}"
+        ));
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (sockets it
+    /// creates live there).
+    pub fn enter<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        in_netns(&self.name, f)
+    }
+
+    /// Starts ringway inside this namespace.
+    pub fn ringway(&self, extra: &[&str]) -> Ringway {
+        Ringway::start(Some(&self.name), extra)
+    }
+}
+
+/// Runs `f` on a new thread inside the named namespace.
+pub fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/var/run/netns/{name}");
+    {
+        std::thread::spawn(move || {
+            let file = File::open(&path).expect("open netns");
+            let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Joins two namespaces with a veth pair and gives each end an IPv4
+/// address (a /24); returns the interface names (in `a`, in `b`).
+pub fn veth(a: &NetNs, a_ip: &str, b: &NetNs, b_ip: &str) -> (String, String) {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let (ia, ib) = (
+        format!("rwa{}x{n}", std::process::id() % 100000),
+        format!("rwb{}x{n}", std::process::id() % 100000),
+    );
+    run(Command::new("ip").args([
+        "link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ib, "netns", &b.name,
+    ]));
+    a.ip(&["addr", "add", &format!("{a_ip}/24"), "dev", &ia]);
+    b.ip(&["addr", "add", &format!("{b_ip}/24"), "dev", &ib]);
+    a.ip(&["link", "set", &ia, "up"]);
+    b.ip(&["link", "set", &ib, "up"]);
+    (ia, ib)
+}
+
+/// A running ringway process with JSON logs captured to a file.
+pub struct Ringway {
+    pub child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub log_path: PathBuf,
+    pub listeners: serde_json::Value,
+}
+
+pub fn ringway_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ringway")
+}
+
+impl Ringway {
+    pub fn start(netns: Option<&str>, extra: &[&str]) -> Ringway {
+        Self::start_inner(netns, extra, true)
+    }
+
+    /// Starts ringway on its embedded default config (no --config).
+    pub fn start_embedded(netns: Option<&str>, extra: &[&str]) -> Ringway {
+        Self::start_inner(netns, extra, false)
+    }
+
+    fn start_inner(netns: Option<&str>, extra: &[&str], own_config: bool) -> Ringway {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("ringway.log");
+        let addrs = dir.path().join("bound.json");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, ringway_bin()]);
+                c
+            }
+            None => Command::new(ringway_bin()),
+        };
+        cmd.args(["--log-format", "json", "--bound-addrs-file"])
+            .arg(&addrs);
+        if own_config && !extra.contains(&"--config") {
+            // Not the embedded default: its 127.0.0.1 is an HBONE workload.
+            let cfg = write_config(
+                dir.path(),
+                "empty.yaml",
+                "workloads: []\nservices: []\npolicies: []\n",
+            );
+            cmd.arg("--config").arg(cfg);
+        }
+        cmd.args(extra)
+            .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "1")
+            .stdout(File::create(&log_path).unwrap())
+            .stderr(File::create(dir.path().join("stderr.txt")).unwrap());
+        let mut child = cmd.spawn().expect("spawn ringway");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&addrs) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                    return Ringway {
+                        child: Some(child),
+                        dir,
+                        log_path,
+                        listeners: v,
+                    };
+                }
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                let err =
+                    std::fs::read_to_string(dir.path().join("stderr.txt")).unwrap_or_default();
+                panic!(
+                    "ringway exited early ({status}): {err}\nlog: {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "ringway did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Sends a signal to ringway itself (ip netns exec execs into it).
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ringway did not exit within {within:?}; log:\n{}",
+                std::fs::read_to_string(&self.log_path).unwrap_or_default()
+            );
+            let _ = &self.dir;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What ringway wrote to stderr (panics, fatal errors).
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.txt")).unwrap_or_default()
+    }
+
+    /// All JSON log lines so far.
+    pub fn logs(&self) -> Vec<serde_json::Value> {
+        read_json_lines(&self.log_path)
+    }
+
+    /// Access-log lines (target "access").
+    pub fn access_logs(&self) -> Vec<serde_json::Value> {
+        self.logs()
+            .into_iter()
+            .filter(|v| v["target"] == "access")
+            .collect()
+    }
+
+    /// Waits until at least `n` access-log lines exist.
+    pub fn wait_access_logs(&self, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let logs = self.access_logs();
+            if logs.len() >= n {
+                return logs;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} access logs, have {}: {logs:#?}",
+                logs.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn read_json_lines(path: &Path) -> Vec<serde_json::Value> {
+    let Ok(f) = File::open(path) else {
+        return vec![];
+    };
+    BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect()
+}
+
+impl Drop for Ringway {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Writes a local config file into `dir` and returns its path.
+pub fn write_config(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, yaml).unwrap();
+    p
+}
+
+/// A deterministic pseudo-random byte stream (xorshift) for checksummed
+/// transfers.
+pub struct Pattern(u64);
+
+impl Pattern {
+    pub fn new(seed: u64) -> Self {
+        Pattern(seed | 1)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            let b = self.0.to_le_bytes();
+            chunk.copy_from_slice(&b[..chunk.len()]);
+        }
+    }
+}
+
+/// FNV-1a 64, enough to detect corruption, reordering or loss.
+#[derive(Clone, Copy)]
+pub struct Checksum(pub u64);
+
+impl Default for Checksum {
+    fn default() -> Self {
+        Checksum(0xcbf29ce484222325)
+    }
+}
+
+impl Checksum {
+    pub fn update(&mut self, data: &[u8]) {
+        for &b in data {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x100000001b3);
+        }
+    }
+}

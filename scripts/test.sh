@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs ringway's whole test suite. Needs root: the traffic-path tests build
+# private network namespaces with real nftables capture rules. Installs the
+# system tools the tests use when they are missing (Debian/Ubuntu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/test.sh: run as root (network namespaces and nftables need it)" >&2
+  exit 1
+fi
+
+need=()
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+/usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3 python3-h2)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# io_uring executors lock a little memory; many tests open many sockets.
+ulimit -l unlimited 2>/dev/null || true
+ulimit -n 65536 2>/dev/null || true
+
+cargo test --workspace --locked "$@"

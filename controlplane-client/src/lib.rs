@@ -10,14 +10,29 @@
 //!   notification that works on any executor.
 //! - [`local`]: the local YAML source (ztunnel's LOCAL_XDS schema), the
 //!   embedded default config, and a file watcher.
+//! - [`identity`]: [`Identity`], a parsed `spiffe://td/ns/NS/sa/SA`.
+//! - [`ca`]: [`BuiltinCa`], the local CA (Istio's cacerts layout) that signs
+//!   workload certificates.
+//! - [`tls`]: rustls server/client configs for HBONE mTLS, built once per
+//!   identity ([`TlsConfigs`]), and [`peer_identity`].
+//! - [`certs`]: [`CertSnapshot`] (configs by identity), published to the cores
+//!   like [`Snapshot`], and the built-in certificate manager.
 //!
 //! Sources still to come (xDS, CA client) build [`Snapshot`]s and publish
 //! them the same way.
 
+pub mod ca;
+pub mod certs;
+pub mod identity;
 pub mod local;
 pub mod model;
 pub mod publish;
 pub mod snapshot;
+pub mod tls;
 
-pub use publish::{Closed, SnapshotFeed, SnapshotGuard, SnapshotPublisher};
+pub use ca::{BuiltinCa, CaError, IssuedCert};
+pub use certs::{CertFeed, CertPublisher, CertSnapshot};
+pub use identity::{Identity, IdentityError};
+pub use publish::{Closed, Feed, Publisher, SnapshotFeed, SnapshotGuard, SnapshotPublisher};
 pub use snapshot::{Snapshot, SnapshotError};
+pub use tls::{build_tls_configs, peer_identity, TlsConfigs, TlsError, WorkloadCert};

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::identity::Identity;
+
 /// Service account assumed when a workload doesn't name one.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
 /// Trust domain assumed when a workload doesn't name one.
@@ -91,6 +93,16 @@ impl Workload {
         format!(
             "spiffe://{}/ns/{}/sa/{}",
             self.trust_domain, self.namespace, self.service_account
+        )
+    }
+
+    /// The same identity as a value (not validated: a workload with, say, an
+    /// empty namespace yields an identity the CA will refuse to sign).
+    pub fn identity(&self) -> Identity {
+        Identity::new(
+            self.trust_domain.clone(),
+            self.namespace.clone(),
+            self.service_account.clone(),
         )
     }
 }
@@ -424,6 +436,8 @@ mod tests {
             ..w
         };
         assert_eq!(w.spiffe_id(), "spiffe://example.org/ns/shop/sa/cart");
+        assert_eq!(w.identity(), Identity::new("example.org", "shop", "cart"));
+        assert_eq!(w.identity().to_string(), w.spiffe_id());
     }
 
     #[test]

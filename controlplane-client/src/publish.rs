@@ -1,4 +1,5 @@
-//! Hands snapshots from the control thread to the data-plane cores.
+//! Hands snapshots (configuration, certificates) from the control thread to
+//! the data-plane cores.
 //!
 //! Readers never take a lock: the current snapshot lives in an `ArcSwap`
 //! (a per-connection `load` is a few atomics), and a `tokio::sync::watch`
@@ -13,58 +14,94 @@ use tokio::sync::watch;
 
 use crate::snapshot::Snapshot;
 
+/// Something a [`Publisher`] hands out: it starts from an empty value and
+/// carries the version the publisher stamps on it. Implemented by
+/// [`Snapshot`] and [`CertSnapshot`](crate::certs::CertSnapshot); sealed.
+pub trait Published: sealed::Stamp + Send + Sync + 'static {}
+
+pub(crate) mod sealed {
+    pub trait Stamp {
+        /// Version 0, before anything is published.
+        fn initial() -> Self;
+        fn stamp(&mut self, version: u64);
+    }
+}
+
+impl sealed::Stamp for Snapshot {
+    fn initial() -> Self {
+        Snapshot::empty()
+    }
+    fn stamp(&mut self, version: u64) {
+        self.set_version(version);
+    }
+}
+impl Published for Snapshot {}
+
+/// The configuration snapshot's publisher (control thread).
+pub type SnapshotPublisher = Publisher<Snapshot>;
+/// The configuration snapshot's feed (cores).
+pub type SnapshotFeed = Feed<Snapshot>;
 /// A borrowed view of the current snapshot; cheaper than cloning the `Arc`
 /// (no shared refcount write), meant for short, non-`await`ing use.
-pub type SnapshotGuard = arc_swap::Guard<Arc<Snapshot>>;
+pub type SnapshotGuard = Guard<Snapshot>;
+/// A borrowed view of a feed's current value; see [`SnapshotGuard`].
+pub type Guard<T> = arc_swap::Guard<Arc<T>>;
 
 /// The publishing side. Cloning gives another handle to the same slot;
 /// subscribers see [`Closed`] once every handle is dropped.
-#[derive(Clone)]
-pub struct SnapshotPublisher {
-    inner: Arc<Inner>,
+pub struct Publisher<T> {
+    inner: Arc<Inner<T>>,
 }
 
-struct Inner {
+impl<T> Clone for Publisher<T> {
+    fn clone(&self) -> Self {
+        Publisher {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<T> {
     /// Shared with every feed; kept apart from the sender so feeds don't keep
     /// the channel open.
-    current: Arc<ArcSwap<Snapshot>>,
+    current: Arc<ArcSwap<T>>,
     version_tx: watch::Sender<u64>,
     /// Last version handed out; held across stamp + swap + notify so
     /// versions appear in order even with several publishing handles.
     last_version: Mutex<u64>,
 }
 
-impl SnapshotPublisher {
-    /// Starts with [`Snapshot::empty`] at version 0.
-    pub fn new() -> SnapshotPublisher {
+impl<T: Published> Publisher<T> {
+    /// Starts with the empty value at version 0.
+    pub fn new() -> Publisher<T> {
         let (version_tx, _) = watch::channel(0);
-        SnapshotPublisher {
+        Publisher {
             inner: Arc::new(Inner {
-                current: Arc::new(ArcSwap::from_pointee(Snapshot::empty())),
+                current: Arc::new(ArcSwap::from_pointee(T::initial())),
                 version_tx,
                 last_version: Mutex::new(0),
             }),
         }
     }
 
-    /// Stamps the next version on `snapshot`, makes it current and wakes the
+    /// Stamps the next version on `value`, makes it current and wakes the
     /// feeds. Returns the version.
-    pub fn publish(&self, mut snapshot: Snapshot) -> u64 {
+    pub fn publish(&self, mut value: T) -> u64 {
         let mut last = self
             .inner
             .last_version
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let version = *last + 1;
-        snapshot.set_version(version);
-        self.inner.current.store(Arc::new(snapshot));
+        value.stamp(version);
+        self.inner.current.store(Arc::new(value));
         *last = version;
         // Swap before notify: a woken reader always finds at least this one.
         self.inner.version_tx.send_replace(version);
         version
     }
 
-    pub fn current(&self) -> Arc<Snapshot> {
+    pub fn current(&self) -> Arc<T> {
         self.inner.current.load_full()
     }
 
@@ -73,41 +110,49 @@ impl SnapshotPublisher {
     }
 
     /// A feed that will wake for versions published after this call.
-    pub fn subscribe(&self) -> SnapshotFeed {
-        SnapshotFeed {
+    pub fn subscribe(&self) -> Feed<T> {
+        Feed {
             current: self.inner.current.clone(),
             version_rx: self.inner.version_tx.subscribe(),
         }
     }
 }
 
-impl Default for SnapshotPublisher {
+impl<T: Published> Default for Publisher<T> {
     fn default() -> Self {
-        SnapshotPublisher::new()
+        Publisher::new()
     }
 }
 
 /// The reading side, one per core (or per task that reacts to changes).
-#[derive(Clone)]
-pub struct SnapshotFeed {
-    current: Arc<ArcSwap<Snapshot>>,
+pub struct Feed<T> {
+    current: Arc<ArcSwap<T>>,
     version_rx: watch::Receiver<u64>,
 }
 
-/// Every [`SnapshotPublisher`] handle is gone; no new versions will come.
+impl<T> Clone for Feed<T> {
+    fn clone(&self) -> Self {
+        Feed {
+            current: self.current.clone(),
+            version_rx: self.version_rx.clone(),
+        }
+    }
+}
+
+/// Every [`Publisher`] handle is gone; no new versions will come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("snapshot publisher closed")]
 pub struct Closed;
 
-impl SnapshotFeed {
-    /// The latest published snapshot (still readable after [`Closed`]).
-    pub fn current(&self) -> Arc<Snapshot> {
+impl<T> Feed<T> {
+    /// The latest published value (still readable after [`Closed`]).
+    pub fn current(&self) -> Arc<T> {
         self.current.load_full()
     }
 
     /// Like [`current`](Self::current) without touching the shared refcount;
     /// for per-connection lookups. Don't hold it across an `await`.
-    pub fn load(&self) -> SnapshotGuard {
+    pub fn load(&self) -> Guard<T> {
         self.current.load()
     }
 
@@ -130,6 +175,8 @@ const _: fn() = || {
     fn send<T: Send>() {}
     send_sync::<SnapshotPublisher>();
     send::<SnapshotFeed>();
+    send_sync::<Publisher<crate::certs::CertSnapshot>>();
+    send::<Feed<crate::certs::CertSnapshot>>();
 };
 
 #[cfg(test)]

@@ -55,6 +55,15 @@ pub struct ConnLog {
     pub src: Option<SocketAddr>,
     pub dst: Option<SocketAddr>,
     pub upstream: Option<SocketAddr>,
+    /// SPIFFE identity of the source (the mTLS peer inbound, the workload
+    /// we speak for outbound).
+    pub src_identity: Option<String>,
+    /// SPIFFE identity of the destination workload.
+    pub dst_identity: Option<String>,
+    /// W3C traceparent of the tunnel, when there is one.
+    pub trace: Option<String>,
+    /// Outbound HBONE: which pooled connection (per core) carried it.
+    pub hbone_conn: Option<u64>,
     /// Which way the connection was routed (e.g. "passthrough", "service").
     pub route: &'static str,
     /// Bytes from the downstream client delivered upstream.
@@ -75,6 +84,10 @@ impl ConnLog {
             src: None,
             dst: None,
             upstream: None,
+            src_identity: None,
+            dst_identity: None,
+            trace: None,
+            hbone_conn: None,
             route: "-",
             sent: Cell::new(0),
             received: Cell::new(0),
@@ -115,10 +128,18 @@ impl Drop for ConnLog {
             fmt_addr(&self.upstream),
         );
         let (sent, received) = (self.sent.get(), self.received.get());
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        let (src_identity, dst_identity, trace) = (
+            dash(&self.src_identity),
+            dash(&self.dst_identity),
+            dash(&self.trace),
+        );
+        let hbone_conn = self.hbone_conn.unwrap_or(0);
         if ok {
             tracing::info!(
                 target: "access",
                 core = self.core, path = self.path.name(), src, dst, upstream, route = self.route,
+                src_identity, dst_identity, trace, hbone_conn,
                 bytes_sent = sent, bytes_received = received, duration_ms, outcome,
                 "connection complete"
             );
@@ -126,6 +147,7 @@ impl Drop for ConnLog {
             tracing::warn!(
                 target: "access",
                 core = self.core, path = self.path.name(), src, dst, upstream, route = self.route,
+                src_identity, dst_identity, trace, hbone_conn,
                 bytes_sent = sent, bytes_received = received, duration_ms, error = outcome,
                 "connection failed"
             );

@@ -3,10 +3,13 @@
 //! then wait for them to drain and stop.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc;
+use std::path::Path;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
+use ringway_controlplane::ca::BuiltinCa;
+use ringway_controlplane::certs::{self, CertPublisher};
 use ringway_controlplane::{local, SnapshotPublisher};
 use tokio::sync::watch;
 
@@ -45,6 +48,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
 
+    // Certificates before cores: a core must never serve HBONE without them.
+    let ca = Arc::new(
+        BuiltinCa::load_or_create(&args.ca_dir, &args.trust_domain)
+            .with_context(|| format!("built-in CA in {}", args.ca_dir.display()))?,
+    );
+    let cert_publisher = CertPublisher::new();
+    let needed = certs::wanted_identities(&publisher.current(), args.node_name.as_deref());
+    cert_publisher.publish(
+        certs::issue_all(&ca, needed, args.cert_ttl).context("issuing workload certificates")?,
+    );
+
     let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), !args.no_pin)?;
     check_memlock()?;
     raise_nofile();
@@ -66,7 +80,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    start_control_thread(&args, publisher.clone(), shutdown_tx, cfg.drain_timeout)?;
+    start_control_thread(
+        &args,
+        publisher.clone(),
+        ControlCerts {
+            ca,
+            publisher: cert_publisher.clone(),
+        },
+        shutdown_tx,
+        cfg.drain_timeout,
+    )?;
 
     let seeds = per_core
         .into_iter()
@@ -76,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             cfg: cfg.clone(),
             listeners,
             feed: publisher.subscribe(),
+            cert_feed: cert_publisher.subscribe(),
             shutdown: shutdown_rx.clone(),
             self_addrs: self_addrs.clone(),
         })
@@ -123,17 +147,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ringway cert issue`: mint a certificate from the built-in CA.
+pub fn issue_cert(spiffe_id: &str, ca_dir: &Path, out: &Path, ttl: Duration) -> anyhow::Result<()> {
+    let cert = ringway_controlplane::ca::issue_to_dir(ca_dir, spiffe_id, out, ttl)
+        .with_context(|| format!("issuing {spiffe_id}"))?;
+    println!(
+        "issued {} (valid until {}) into {}: key.pem cert.pem cert-chain.pem root-cert.pem",
+        cert.identity,
+        humantime_utc(cert.not_after),
+        out.display()
+    );
+    Ok(())
+}
+
+fn humantime_utc(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("unix {secs}")
+}
+
+/// What the control thread needs to keep certificates fresh.
+struct ControlCerts {
+    ca: Arc<BuiltinCa>,
+    publisher: CertPublisher,
+}
+
 /// The control thread: a current-thread tokio runtime that owns the config
-/// watcher and the signal handlers. Returns once the handlers are
-/// installed, so a SIGTERM right after startup drains instead of killing.
+/// watcher, the certificate manager and the signal handlers. Returns once
+/// the handlers are installed, so a SIGTERM right after startup drains
+/// instead of killing.
 fn start_control_thread(
     args: &Args,
     publisher: SnapshotPublisher,
+    certs: ControlCerts,
     shutdown: watch::Sender<bool>,
     drain: Duration,
 ) -> anyhow::Result<()> {
     let config_path = args.config.clone();
     let poll = args.config_poll_interval;
+    let node = args.node_name.clone();
+    let ttl = args.cert_ttl;
     let (installed_tx, installed_rx) = mpsc::channel::<anyhow::Result<()>>();
     std::thread::Builder::new()
         .name("ringway-control".into())
@@ -155,6 +210,13 @@ fn start_control_thread(
                     }
                 };
                 let _ = installed_tx.send(Ok(()));
+                tokio::spawn(certs::run_builtin_cert_manager(
+                    certs.ca,
+                    publisher.subscribe(),
+                    certs.publisher,
+                    node,
+                    ttl,
+                ));
                 if let Some(path) = config_path {
                     tokio::spawn(local::watch_file(path, poll, publisher));
                 }

@@ -6,13 +6,55 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 use crate::copy::CopyMode;
+use crate::hbone::pool::PoolConfig;
+use crate::hbone::H2Settings;
 
 /// ringway: a thread-per-core io_uring node proxy for Istio's ambient mesh.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "ringway", version, about)]
+#[command(
+    name = "ringway",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: Args,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Certificates from the built-in CA.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum CertCommand {
+    /// Mint a workload certificate (key.pem, cert.pem, cert-chain.pem,
+    /// root-cert.pem) so other tools can speak HBONE to ringway.
+    Issue {
+        /// spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>
+        spiffe_id: String,
+        /// CA directory (Istio cacerts layout; created if empty).
+        #[arg(long, env = "RINGWAY_CA_DIR", default_value = "ringway-ca")]
+        ca_dir: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// Flags for running the proxy.
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// Local config file (ztunnel LOCAL_XDS schema: workloads, services,
     /// policies). Watched: a valid edit is applied, an invalid one is logged
@@ -90,6 +132,54 @@ pub struct Args {
     #[arg(long, env = "NETWORK", default_value = "")]
     pub network: String,
 
+    /// This node's name: certificates are prefetched for the workloads whose
+    /// `node` matches. Unset: for every workload in the config.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
+    /// root-cert.pem, cert-chain.pem). A new root is generated there on
+    /// first start; copy the directory to share a trust root between nodes.
+    #[arg(long, env = "RINGWAY_CA_DIR", default_value = "ringway-ca")]
+    pub ca_dir: PathBuf,
+
+    /// Trust domain of the built-in CA's identities.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+
+    /// Lifetime of workload certificates (renewed at half-life).
+    #[arg(long, env = "RINGWAY_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub cert_ttl: Duration,
+
+    /// HTTP/2 stream window for HBONE (suffix K/M).
+    #[arg(long, env = "RINGWAY_H2_STREAM_WINDOW", default_value = "4M", value_parser = parse_size)]
+    pub h2_stream_window: u32,
+
+    /// HTTP/2 connection window for HBONE.
+    #[arg(long, env = "RINGWAY_H2_CONNECTION_WINDOW", default_value = "16M", value_parser = parse_size)]
+    pub h2_connection_window: u32,
+
+    /// HTTP/2 max frame size for HBONE (16K..16M-1).
+    #[arg(long, env = "RINGWAY_H2_MAX_FRAME", default_value = "1M", value_parser = parse_frame_size)]
+    pub h2_max_frame_size: u32,
+
+    /// Streams per pooled HBONE connection before another is opened.
+    #[arg(long, env = "RINGWAY_POOL_MAX_STREAMS", default_value_t = 100)]
+    pub pool_max_streams: usize,
+
+    /// Release pooled HBONE connections unused for this long.
+    #[arg(long, env = "RINGWAY_POOL_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub pool_idle_timeout: Duration,
+
+    /// TLS + HTTP/2 handshakes must complete within this (a peer that
+    /// stalls mid-handshake is dropped).
+    #[arg(long, env = "RINGWAY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// Port of peers' HBONE listeners.
+    #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
+    pub hbone_port: u16,
+
     /// Log format.
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -130,6 +220,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration {s:?}"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// "64K", "4M" (binary units) or plain bytes, as u32.
+pub fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("invalid size {s:?} (examples: 65535, 64K, 4M)"))
+}
+
+fn parse_frame_size(s: &str) -> Result<u32, String> {
+    let n = parse_size(s)?;
+    if !(16384..=16_777_215).contains(&n) {
+        return Err(format!("HTTP/2 max frame size must be 16K..16M-1, got {n}"));
+    }
+    Ok(n)
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -238,6 +352,9 @@ pub struct ProxyConfig {
     pub connect: crate::socket::ConnectOpts,
     pub drain_timeout: Duration,
     pub network: String,
+    pub h2: H2Settings,
+    pub pool: PoolConfig,
+    pub handshake_timeout: Duration,
 }
 
 impl ProxyConfig {
@@ -251,6 +368,18 @@ impl ProxyConfig {
             },
             drain_timeout: args.drain_timeout,
             network: args.network.clone(),
+            h2: H2Settings {
+                stream_window: args.h2_stream_window,
+                connection_window: args.h2_connection_window,
+                max_frame_size: args.h2_max_frame_size,
+            },
+            handshake_timeout: args.handshake_timeout,
+            pool: PoolConfig {
+                max_streams: args.pool_max_streams.max(1),
+                idle_timeout: args.pool_idle_timeout,
+                hbone_port: args.hbone_port,
+                ..PoolConfig::default()
+            },
         }
     }
 }
@@ -310,6 +439,16 @@ mod tests {
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_size("65535").unwrap(), 65535);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("8192M").is_err());
+        assert!(parse_frame_size("1K").is_err());
+        assert_eq!(parse_frame_size("1M").unwrap(), 1 << 20);
     }
 
     #[test]

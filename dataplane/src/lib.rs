@@ -4,7 +4,9 @@
 //! Layout:
 //! - [`runtime`]: per-core executors, startup checks, drain.
 //! - [`listeners`]: REUSEPORT listeners per core and the accept loop.
-//! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`inbound`] (15008): the traffic paths.
+//! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`hbone::server`] (15008): the traffic paths.
+//! - [`hbone`]: HTTP/2 CONNECT over mTLS: server, client, per-core pool, stream pump.
+//! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
 //! - [`copy`]: splice / userspace byte movement with TCP half-close and RST semantics.
 //! - [`uring`]: the per-core io_uring readiness reactor the copy engine waits on.
 //! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
@@ -16,10 +18,11 @@ pub mod accesslog;
 pub mod app;
 pub mod config;
 pub mod copy;
-pub mod inbound;
+pub mod hbone;
 pub mod inbound_passthrough;
 pub mod listeners;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;
+pub mod stream;
 pub mod uring;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ringway_dataplane::config::{Args, LogFormat};
+use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(format: LogFormat) {
@@ -22,9 +22,18 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    init_logging(args.log_format);
-    match ringway_dataplane::app::run(args) {
+    let cli = Cli::parse();
+    init_logging(cli.run.log_format);
+    let result = match cli.command {
+        None => ringway_dataplane::app::run(cli.run),
+        Some(Command::Cert(CertCommand::Issue {
+            spiffe_id,
+            ca_dir,
+            out,
+            ttl,
+        })) => ringway_dataplane::app::issue_cert(&spiffe_id, &ca_dir, &out, ttl),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

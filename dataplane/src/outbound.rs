@@ -2,22 +2,25 @@
 //! destination, refuse loops, decide the route from the core's snapshot
 //! ([`plan`]), then connect and move bytes.
 //!
-//! Routes today: destinations outside the mesh and TCP-protocol workloads
-//! are connected directly (passthrough); a service VIP is load-balanced to
-//! one of its endpoints. Destinations that must be reached over HBONE
-//! (HBONE workloads, waypoints) are refused: ringway never falls back to
-//! plaintext for them.
+//! Routes: destinations outside the mesh and TCP-protocol workloads are
+//! connected directly (passthrough); HBONE workloads are reached through an
+//! mTLS HTTP/2 CONNECT tunnel under the source workload's identity; a
+//! service VIP is load-balanced to one of its endpoints first. Waypoints
+//! are not supported yet and are refused: ringway never falls back to
+//! plaintext for a mesh destination.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
+use ringway_controlplane::identity::Identity;
 use ringway_controlplane::model::{
     LbHealthPolicy, LbMode, TunnelProtocol, Workload, WorkloadStatus,
 };
 use ringway_controlplane::Snapshot;
 
 use crate::accesslog::ConnLog;
+use crate::hbone;
 use crate::runtime::CoreInputs;
 use crate::socket;
 
@@ -29,12 +32,14 @@ pub enum Plan {
         upstream: SocketAddr,
         route: &'static str,
     },
-    /// The destination requires an HBONE tunnel to `target` (the workload
-    /// address and port, or the waypoint); `why` names the reason.
+    /// An HBONE tunnel to the workload `identity` at `target` (its address
+    /// and the real target port).
     Hbone {
         target: SocketAddr,
-        why: &'static str,
+        identity: Identity,
     },
+    /// A mesh destination this build cannot reach safely; refuse it.
+    Unsupported(&'static str),
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -49,10 +54,9 @@ pub enum PlanError {
 pub fn plan(snap: &Snapshot, network: &str, dst: SocketAddr) -> Result<Plan, PlanError> {
     if let Some(svc) = snap.service_by_vip(network, dst.ip()) {
         if svc.waypoint.is_some() {
-            return Ok(Plan::Hbone {
-                target: dst,
-                why: "service has a waypoint",
-            });
+            return Ok(Plan::Unsupported(
+                "the service uses a waypoint, which this build cannot reach yet",
+            ));
         }
         let key = svc.key();
         let allow_unhealthy = svc
@@ -102,7 +106,7 @@ pub fn plan(snap: &Snapshot, network: &str, dst: SocketAddr) -> Result<Plan, Pla
         return Ok(match w.protocol {
             TunnelProtocol::Hbone => Plan::Hbone {
                 target,
-                why: "service endpoint uses HBONE",
+                identity: w.identity(),
             },
             TunnelProtocol::None => Plan::Direct {
                 upstream: target,
@@ -112,15 +116,14 @@ pub fn plan(snap: &Snapshot, network: &str, dst: SocketAddr) -> Result<Plan, Pla
     }
     if let Some(w) = snap.workload_by_addr(network, dst.ip()) {
         if w.waypoint.is_some() {
-            return Ok(Plan::Hbone {
-                target: dst,
-                why: "workload has a waypoint",
-            });
+            return Ok(Plan::Unsupported(
+                "the workload uses a waypoint, which this build cannot reach yet",
+            ));
         }
         return Ok(match w.protocol {
             TunnelProtocol::Hbone => Plan::Hbone {
                 target: dst,
-                why: "workload uses HBONE",
+                identity: w.identity(),
             },
             TunnelProtocol::None => Plan::Direct {
                 upstream: dst,
@@ -175,13 +178,31 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
             log.route = route;
             upstream
         }
-        Ok(Plan::Hbone { target, why }) => {
+        Ok(Plan::Hbone { target, identity }) => {
             log.route = "hbone";
-            log.upstream = Some(target);
+            log.dst_identity = Some(identity.to_string());
+            // The tunnel speaks for the client's workload: no workload, no
+            // identity, no tunnel.
+            let source = log.src.and_then(|src| {
+                snapshot
+                    .workload_by_addr(&core.cfg.network, src.ip())
+                    .cloned()
+            });
+            drop(snapshot);
+            let Some(source) = source else {
+                socket::set_reset_on_close(fd);
+                return log.fail(format!(
+                    "refused: no workload at source {} to speak for over HBONE (fail closed)",
+                    log.src
+                        .map(|s| s.ip().to_string())
+                        .unwrap_or_else(|| "-".into())
+                ));
+            };
+            return proxy_hbone(&core, client, target, identity, &source, &mut log).await;
+        }
+        Ok(Plan::Unsupported(why)) => {
             socket::set_reset_on_close(fd);
-            return log.fail(format!(
-                "refused: {why} but this build has no HBONE client yet; never falling back to plaintext"
-            ));
+            return log.fail(format!("refused: {why}; never falling back to plaintext"));
         }
         Err(e) => {
             socket::set_reset_on_close(fd);
@@ -191,6 +212,55 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     drop(snapshot);
     log.upstream = Some(upstream);
     proxy_direct(&core, client, upstream, &log).await;
+}
+
+/// Tunnels the client connection to `target` over HBONE.
+async fn proxy_hbone(
+    core: &Rc<CoreInputs>,
+    client: OwnedFd,
+    target: SocketAddr,
+    dst_identity: Identity,
+    source: &Workload,
+    log: &mut ConnLog,
+) {
+    let fd = client.as_raw_fd();
+    let src_identity = source.identity();
+    log.src_identity = Some(src_identity.to_string());
+    log.upstream = Some(SocketAddr::new(target.ip(), core.pool.cfg.hbone_port));
+    let traceparent = hbone::new_traceparent();
+    log.trace = Some(traceparent.clone());
+    let tunnel = hbone::client::Tunnel {
+        src_identity: &src_identity,
+        dst_identity: &dst_identity,
+        target,
+        forwarded: hbone::forwarded_for(log.src.unwrap_or(target)),
+        baggage: hbone::baggage(source),
+        traceparent,
+    };
+    let stream = match hbone::client::open(core, tunnel).await {
+        Ok(s) => s,
+        Err(e) => {
+            socket::set_reset_on_close(fd);
+            return log.fail(format!("HBONE: {e}"));
+        }
+    };
+    log.hbone_conn = Some(stream.conn_id);
+    if let Err(e) = socket::tune_stream(&client, core.cfg.connect.keepalive) {
+        tracing::debug!(error = %e, "could not tune the downstream socket");
+    }
+    let outcome = hbone::pump(
+        &core.poller,
+        fd,
+        stream.send,
+        stream.recv,
+        &log.sent,
+        &log.received,
+    )
+    .await;
+    match outcome {
+        hbone::PumpOutcome::Closed => log.finish("closed"),
+        other => log.fail(other.describe()),
+    }
 }
 
 /// Connects to `upstream` and proxies until both sides are done. Shared

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use glommio::{LocalExecutorBuilder, Placement};
+use ringway_controlplane::certs::{CertFeed, CertSnapshot};
 use ringway_controlplane::{Snapshot, SnapshotFeed};
 use tokio::sync::watch;
 
@@ -30,6 +31,10 @@ pub struct CoreInputs {
     pub copier: Copier,
     pub self_addrs: SelfAddrs,
     pub open: Rc<OpenConnections>,
+    /// This core's HBONE connection pool.
+    pub pool: crate::hbone::pool::Pool,
+    /// True once shutdown began (stop accepting, send GOAWAY, drain).
+    pub shutdown: watch::Receiver<bool>,
     /// Flips to true at the drain deadline: every connection still open is
     /// cancelled (and so logged and closed).
     pub force_close: watch::Receiver<bool>,
@@ -37,6 +42,9 @@ pub struct CoreInputs {
     /// traffic between cores); the watcher task swaps it on publish.
     #[allow(clippy::redundant_allocation)] // the Rc is the point: core-local refcount
     snapshot: RefCell<Rc<Arc<Snapshot>>>,
+    /// Ready-built TLS configs per identity, swapped like the snapshot.
+    #[allow(clippy::redundant_allocation)]
+    certs: RefCell<Rc<Arc<CertSnapshot>>>,
 }
 
 impl CoreInputs {
@@ -46,6 +54,24 @@ impl CoreInputs {
     pub fn snapshot(&self) -> Rc<Arc<Snapshot>> {
         self.snapshot.borrow().clone()
     }
+
+    #[allow(clippy::redundant_allocation)]
+    pub fn certs(&self) -> Rc<Arc<CertSnapshot>> {
+        self.certs.borrow().clone()
+    }
+}
+
+/// Spawns a connection-scoped task on this core that the drain deadline
+/// cancels like the connection itself.
+pub fn spawn_cancellable(
+    core: &Rc<CoreInputs>,
+    fut: impl std::future::Future<Output = ()> + 'static,
+) {
+    let mut force_close = core.force_close.clone();
+    glommio::spawn_local(futures_lite::future::or(fut, async move {
+        let _ = force_close.wait_for(|closing| *closing).await;
+    }))
+    .detach();
 }
 
 /// What crosses into a core at startup (Send).
@@ -54,6 +80,7 @@ pub struct CoreSeed {
     pub cfg: ProxyConfig,
     pub listeners: Vec<BoundListener>,
     pub feed: SnapshotFeed,
+    pub cert_feed: CertFeed,
     pub shutdown: watch::Receiver<bool>,
     pub self_addrs: SelfAddrs,
 }
@@ -68,7 +95,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
             TrafficPath::InboundPassthrough => {
                 crate::inbound_passthrough::serve(core, conn, log).await
             }
-            TrafficPath::Inbound => crate::inbound::serve(core, conn, log).await,
+            TrafficPath::Inbound => crate::hbone::server::serve(core, conn, log).await,
         }
     };
     let deadline = async move {
@@ -84,10 +111,12 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         cfg,
         listeners,
         mut feed,
+        mut cert_feed,
         mut shutdown,
         self_addrs,
     } = seed;
     let (force_tx, force_close) = watch::channel(false);
+    let cfg_pool = cfg.pool;
     let poller = Poller::new(1024).context(
         "cannot create the per-core io_uring (is io_uring disabled by sysctl or seccomp?)",
     )?;
@@ -99,8 +128,11 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         poller,
         self_addrs,
         open: Rc::new(OpenConnections::default()),
+        pool: crate::hbone::pool::Pool::new(cfg_pool),
+        shutdown: shutdown.clone(),
         force_close,
         snapshot: RefCell::new(Rc::new(feed.current())),
+        certs: RefCell::new(Rc::new(cert_feed.current())),
     });
 
     // Follow snapshot publications: swap the core's slot, never block.
@@ -119,6 +151,25 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         })
     };
 
+    let cert_watcher = {
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            while cert_feed.changed().await.is_ok() {
+                *core.certs.borrow_mut() = Rc::new(cert_feed.current());
+            }
+        })
+    };
+    // Release idle and broken pooled HBONE connections.
+    let reaper = {
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            let every = crate::hbone::client::reap_interval(core.pool.cfg.idle_timeout);
+            loop {
+                glommio::timer::sleep(every).await;
+                core.pool.reap();
+            }
+        })
+    };
     let accept_tasks: Vec<_> = listeners
         .into_iter()
         .map(|l| glommio::spawn_local(listeners::accept_loop(core.clone(), l)))
@@ -155,7 +206,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         })
         .await;
     }
-    drop(watcher);
+    drop((watcher, cert_watcher, reaper));
     Ok(())
 }
 

@@ -199,6 +199,15 @@ pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     cvt_size(unsafe { libc::send(fd, buf.as_ptr() as *const _, buf.len(), libc::MSG_NOSIGNAL) })
 }
 
+pub fn writev(fd: RawFd, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+    // sendmsg rather than writev: MSG_NOSIGNAL, so a closed peer is an
+    // EPIPE error instead of a process-killing SIGPIPE.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len().min(1024) as _;
+    cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })
+}
+
 /// Nonblocking splice(2); either side must be a pipe.
 pub fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     cvt_size(unsafe {

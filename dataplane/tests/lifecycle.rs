@@ -183,7 +183,7 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
         logs.iter().any(|l| l["dst"] == "127.0.0.6:9103"
             && l["error"]
                 .as_str()
-                .is_some_and(|e| e.contains("never falling back to plaintext"))),
+                .is_some_and(|e| e.contains("fail closed"))),
         "{logs:#?}"
     );
 }

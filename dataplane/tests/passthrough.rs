@@ -8,7 +8,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use common::{Checksum, NetNs, Pattern};
+use common::{recv_all, send_pattern, NetNs};
 
 const MIB: usize = 1 << 20;
 
@@ -25,38 +25,6 @@ fn connect(addr: &str) -> TcpStream {
     let s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s
-}
-
-/// Sends `total` pattern bytes and returns their checksum.
-fn send_pattern(mut s: TcpStream, total: usize, seed: u64) -> Checksum {
-    let mut pat = Pattern::new(seed);
-    let mut sum = Checksum::default();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut left = total;
-    while left > 0 {
-        let n = left.min(buf.len());
-        pat.fill(&mut buf[..n]);
-        s.write_all(&buf[..n]).unwrap();
-        sum.update(&buf[..n]);
-        left -= n;
-    }
-    s.shutdown(Shutdown::Write).unwrap();
-    sum
-}
-
-/// Reads to EOF; returns (bytes, checksum).
-fn recv_all(mut s: TcpStream) -> (usize, Checksum) {
-    let mut sum = Checksum::default();
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut total = 0;
-    loop {
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            return (total, sum);
-        }
-        sum.update(&buf[..n]);
-        total += n;
-    }
 }
 
 fn transfer_both_ways(mode: &str) {

@@ -368,3 +368,37 @@ impl Checksum {
         }
     }
 }
+
+/// Sends `total` pattern bytes, then FIN; returns their checksum.
+pub fn send_pattern(mut s: std::net::TcpStream, total: usize, seed: u64) -> Checksum {
+    use std::io::Write;
+    let mut pat = Pattern::new(seed);
+    let mut sum = Checksum::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(buf.len());
+        pat.fill(&mut buf[..n]);
+        s.write_all(&buf[..n]).unwrap();
+        sum.update(&buf[..n]);
+        left -= n;
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    sum
+}
+
+/// Reads to EOF; returns (bytes, checksum).
+pub fn recv_all(mut s: std::net::TcpStream) -> (usize, Checksum) {
+    use std::io::Read;
+    let mut sum = Checksum::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            return (total, sum);
+        }
+        sum.update(&buf[..n]);
+        total += n;
+    }
+}

@@ -1,0 +1,365 @@
+//! HBONE: TCP carried in HTTP/2 CONNECT streams over mTLS (port 15008).
+//!
+//! - [`server`]: the inbound side (15008): TLS with the dialled workload's
+//!   certificate, CONNECT streams to local workloads.
+//! - [`client`]: the outbound side: opens CONNECT streams on pooled
+//!   connections.
+//! - [`pool`]: per-core connection pool keyed by {source identity,
+//!   destination identity, destination IP}.
+//!
+//! This module holds what both sides share: HTTP/2 settings, the
+//! stream ⇄ socket pump with correct flow control and FIN/RST mapping, and
+//! the HBONE request headers.
+
+pub mod client;
+pub mod pool;
+pub mod server;
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use h2::{Reason, RecvStream, SendStream};
+
+use crate::socket;
+use crate::uring::Poller;
+
+/// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
+#[derive(Clone, Copy, Debug)]
+pub struct H2Settings {
+    pub stream_window: u32,
+    pub connection_window: u32,
+    pub max_frame_size: u32,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        Self {
+            stream_window: 4 << 20,
+            connection_window: 16 << 20,
+            max_frame_size: 1 << 20,
+        }
+    }
+}
+
+/// Bytes read from the plain socket per DATA chunk.
+const READ_CHUNK: usize = 256 << 10;
+
+/// How a tunnelled connection ended.
+#[derive(Debug)]
+pub enum PumpOutcome {
+    /// Both directions finished (FIN ⇄ END_STREAM).
+    Closed,
+    /// The plain TCP side reset or failed; the stream was reset.
+    TcpReset(String),
+    /// The tunnel side reset the stream or the HTTP/2 connection broke;
+    /// the plain socket was reset.
+    TunnelReset(String),
+}
+
+impl PumpOutcome {
+    pub fn describe(&self) -> String {
+        match self {
+            PumpOutcome::Closed => "closed".into(),
+            PumpOutcome::TcpReset(e) => format!("reset by plain-TCP side: {e}"),
+            PumpOutcome::TunnelReset(e) => format!("reset by tunnel side: {e}"),
+        }
+    }
+}
+
+/// Moves bytes between the plain socket `fd` and an HBONE stream until
+/// both directions end. TCP FIN ⇄ END_STREAM, TCP RST ⇄ RST_STREAM
+/// (CONNECT_ERROR, as RFC 9113 §8.5 asks for a reset TCP connection).
+/// `to_tunnel` / `from_tunnel` count payload bytes as they move.
+pub async fn pump(
+    poller: &Rc<Poller>,
+    fd: RawFd,
+    send: SendStream<Bytes>,
+    mut recv: RecvStream,
+    to_tunnel: &Cell<u64>,
+    from_tunnel: &Cell<u64>,
+) -> PumpOutcome {
+    let send = RefCell::new(send);
+    let mut up = pin!(socket_to_stream(poller, fd, &send, to_tunnel));
+    let mut down = pin!(stream_to_socket(poller, fd, &mut recv, from_tunnel));
+    let (mut up_done, mut down_done) = (false, false);
+    let failure = futures_lite::future::poll_fn(|cx| {
+        if !up_done {
+            if let Poll::Ready(r) = up.as_mut().poll(cx) {
+                match r {
+                    Ok(()) => up_done = true,
+                    Err(o) => return Poll::Ready(Some(o)),
+                }
+            }
+        }
+        if !down_done {
+            if let Poll::Ready(r) = down.as_mut().poll(cx) {
+                match r {
+                    Ok(()) => down_done = true,
+                    Err(o) => return Poll::Ready(Some(o)),
+                }
+            }
+        }
+        if up_done && down_done {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    match failure {
+        None => PumpOutcome::Closed,
+        Some(outcome) => {
+            match &outcome {
+                PumpOutcome::TcpReset(_) => send.borrow_mut().send_reset(Reason::CONNECT_ERROR),
+                PumpOutcome::TunnelReset(_) => socket::set_reset_on_close(fd),
+                PumpOutcome::Closed => {}
+            }
+            outcome
+        }
+    }
+}
+
+/// Plain socket → DATA frames, respecting the peer's flow-control window
+/// (reserve, wait for capacity, send at most that much).
+async fn socket_to_stream(
+    poller: &Rc<Poller>,
+    fd: RawFd,
+    send: &RefCell<SendStream<Bytes>>,
+    moved: &Cell<u64>,
+) -> Result<(), PumpOutcome> {
+    let mut buf = BytesMut::new();
+    loop {
+        if buf.capacity() < READ_CHUNK {
+            buf.reserve(READ_CHUNK);
+        }
+        // SAFETY: read(2) writes at most `spare` bytes; we only expose the
+        // `n` bytes it reports.
+        let spare = buf.capacity() - buf.len();
+        let n = match socket::read(fd, unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(buf.len()), spare)
+        }) {
+            Ok(n) => n,
+            Err(e) if socket::would_block(&e) => {
+                // Idle: hold no buffer while waiting.
+                buf = BytesMut::new();
+                poller
+                    .ready(fd, libc::POLLIN | libc::POLLRDHUP)
+                    .await
+                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(PumpOutcome::TcpReset(e.to_string())),
+        };
+        if n == 0 {
+            send.borrow_mut()
+                .send_data(Bytes::new(), true)
+                .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
+            return Ok(());
+        }
+        unsafe { buf.set_len(n) };
+        let mut data = buf.split().freeze();
+        while !data.is_empty() {
+            send.borrow_mut().reserve_capacity(data.len());
+            let cap = futures_lite::future::poll_fn(|cx| send.borrow_mut().poll_capacity(cx)).await;
+            let cap = match cap {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
+                None => return Err(PumpOutcome::TunnelReset("stream closed by peer".into())),
+            };
+            if cap == 0 {
+                continue;
+            }
+            let chunk = data.split_to(cap.min(data.len()));
+            let len = chunk.len() as u64;
+            send.borrow_mut()
+                .send_data(chunk, false)
+                .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
+            moved.set(moved.get() + len);
+        }
+        glommio::yield_if_needed().await;
+    }
+}
+
+/// DATA frames → plain socket; window released only after the bytes are
+/// written, so a slow reader back-pressures the sender.
+async fn stream_to_socket(
+    poller: &Rc<Poller>,
+    fd: RawFd,
+    recv: &mut RecvStream,
+    moved: &Cell<u64>,
+) -> Result<(), PumpOutcome> {
+    loop {
+        match recv.data().await {
+            None => {
+                let _ = socket::shutdown_write(fd);
+                return Ok(());
+            }
+            Some(Ok(data)) => {
+                crate::stream::write_all(poller, fd, &data)
+                    .await
+                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                moved.set(moved.get() + data.len() as u64);
+                let _ = recv.flow_control().release_capacity(data.len());
+            }
+            Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
+        }
+    }
+}
+
+/// `forwarded: for="<ip:port>"` (RFC 7239 quoting; IPv6 in brackets).
+pub fn forwarded_for(client: SocketAddr) -> String {
+    format!("for=\"{client}\"")
+}
+
+/// Extracts the `for=` address from a `forwarded` header, if present.
+pub fn parse_forwarded_for(value: &str) -> Option<String> {
+    value.split([';', ',']).find_map(|part| {
+        let (k, v) = part.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+/// A W3C traceparent for a new connection: version 00, random trace and
+/// span ids, not sampled.
+pub fn new_traceparent() -> String {
+    format!(
+        "00-{:016x}{:016x}-{:016x}-00",
+        fastrand::u64(..),
+        fastrand::u64(1..),
+        fastrand::u64(1..)
+    )
+}
+
+/// True when `v` is a well-formed traceparent.
+pub fn valid_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    parts.len() == 4
+        && parts[0].len() == 2
+        && parts[1].len() == 32
+        && parts[2].len() == 16
+        && parts[3].len() == 2
+        && parts
+            .iter()
+            .all(|p| p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// ztunnel's baggage for a source workload: `k8s.cluster.name`,
+/// `k8s.namespace.name`, `k8s.<type>.name`, `service.name`,
+/// `service.version`, locality; empty values omitted.
+pub fn baggage(w: &ringway_controlplane::model::Workload) -> String {
+    use ringway_controlplane::model::WorkloadType;
+    let kind = match w.workload_type {
+        WorkloadType::Deployment => "deployment",
+        WorkloadType::CronJob => "cronjob",
+        WorkloadType::Pod => "pod",
+        WorkloadType::Job => "job",
+    };
+    let kind_key = format!("k8s.{kind}.name");
+    let workload_name = if w.workload_name.is_empty() {
+        &w.name
+    } else {
+        &w.workload_name
+    };
+    let (region, zone) = w
+        .locality
+        .as_ref()
+        .map(|l| (l.region.as_str(), l.zone.as_str()))
+        .unwrap_or(("", ""));
+    let pairs: [(&str, &str); 7] = [
+        ("k8s.cluster.name", &w.cluster_id),
+        ("k8s.namespace.name", &w.namespace),
+        (&kind_key, workload_name),
+        ("service.name", &w.canonical_name),
+        ("service.version", &w.canonical_revision),
+        ("cloud.region", region),
+        ("cloud.availability_zone", zone),
+    ];
+    pairs
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Parses a baggage header into (key, value) pairs, ignoring properties.
+pub fn parse_baggage(v: &str) -> Vec<(String, String)> {
+    v.split(',')
+        .filter_map(|member| {
+            let kv = member.split(';').next()?;
+            let (k, v) = kv.split_once('=')?;
+            Some((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// Awaits `fut` for at most `dur` (glommio timer).
+pub async fn with_timeout<T>(dur: Duration, fut: impl Future<Output = T>) -> Option<T> {
+    glommio::timer::timeout(dur, async { Ok(fut.await) })
+        .await
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_roundtrip() {
+        let v4: SocketAddr = "10.0.0.1:41234".parse().unwrap();
+        let v6: SocketAddr = "[fd00::1]:80".parse().unwrap();
+        assert_eq!(forwarded_for(v4), "for=\"10.0.0.1:41234\"");
+        assert_eq!(
+            parse_forwarded_for(&forwarded_for(v4)).unwrap(),
+            "10.0.0.1:41234"
+        );
+        assert_eq!(
+            parse_forwarded_for(&forwarded_for(v6)).unwrap(),
+            "[fd00::1]:80"
+        );
+        assert_eq!(
+            parse_forwarded_for("for=\"10.0.1.5:41234\";host=server.b.svc.cluster.local").unwrap(),
+            "10.0.1.5:41234"
+        );
+        assert_eq!(parse_forwarded_for("host=x"), None);
+    }
+
+    #[test]
+    fn traceparents_are_valid_and_fresh() {
+        let a = new_traceparent();
+        let b = new_traceparent();
+        assert!(valid_traceparent(&a), "{a}");
+        assert_ne!(a, b);
+        assert!(!valid_traceparent("00-xyz-1-00"));
+    }
+
+    #[test]
+    fn baggage_format() {
+        let w = ringway_controlplane::model::Workload {
+            name: "client-abc".into(),
+            namespace: "a".into(),
+            cluster_id: "Kubernetes".into(),
+            workload_name: "client".into(),
+            canonical_name: "client".into(),
+            canonical_revision: "v1".into(),
+            ..Default::default()
+        };
+        let b = baggage(&w);
+        assert_eq!(
+            b,
+            "k8s.cluster.name=Kubernetes,k8s.namespace.name=a,k8s.deployment.name=client,service.name=client,service.version=v1"
+        );
+        let parsed = parse_baggage(&b);
+        assert_eq!(parsed[1], ("k8s.namespace.name".into(), "a".into()));
+    }
+}

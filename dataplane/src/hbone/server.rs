@@ -1,0 +1,228 @@
+//! Inbound HBONE (15008): terminate mTLS with the certificate of the local
+//! workload that was dialled (chosen by destination IP: there is no SNI),
+//! then serve HTTP/2 CONNECT streams to that workload.
+//!
+//! Phases, each with one failure response: pick the local workload and its
+//! certificate (none → close), TLS + HTTP/2 handshakes (bounded by
+//! `--handshake-timeout`), then per stream: validate the request (400),
+//! find the workload and connect (503), answer 200 and pump bytes.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use http::{Method, Request, Response, StatusCode};
+use ringway_controlplane::identity::Identity;
+
+use super::{pump, with_timeout, PumpOutcome};
+use crate::accesslog::ConnLog;
+use crate::listeners::TrafficPath;
+use crate::runtime::{spawn_cancellable, CoreInputs};
+use crate::socket;
+use crate::stream::FdStream;
+
+/// Serves one TCP connection accepted on 15008.
+pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
+    let fd = conn.as_raw_fd();
+    log.src = socket::peer_addr(fd).ok();
+    log.route = "hbone_connection";
+    let dst = match socket::captured_dst(fd, true) {
+        Ok(d) => d,
+        Err(e) => return log.fail(format!("cannot read the destination: {e}")),
+    };
+    log.dst = Some(dst);
+
+    // The certificate is the dialled workload's own: choose it by IP.
+    let tls = {
+        let snap = core.snapshot();
+        let Some(workload) = snap.workload_by_addr(&core.cfg.network, dst.ip()) else {
+            socket::set_reset_on_close(fd);
+            return log.fail(format!(
+                "no local workload at {}: no certificate to present",
+                dst.ip()
+            ));
+        };
+        let id = workload.identity();
+        log.dst_identity = Some(id.to_string());
+        let certs = core.certs();
+        match certs.get(&id) {
+            Some(tls) => tls.clone(),
+            None => {
+                socket::set_reset_on_close(fd);
+                return log.fail(format!(
+                    "no certificate for {id} yet; refusing (fail closed)"
+                ));
+            }
+        }
+    };
+
+    let stream = FdStream::new(conn, core.poller.clone());
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+    let tls_stream = match with_timeout(core.cfg.handshake_timeout, acceptor.accept(stream)).await {
+        None => return log.fail("TLS handshake timed out"),
+        Some(Err(e)) => return log.fail(format!("TLS handshake failed: {e}")),
+        Some(Ok(s)) => s,
+    };
+    let peer = match tls_stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .ok_or_else(|| "no client certificate".to_string())
+        .and_then(|c| ringway_controlplane::tls::peer_identity(c).map_err(|e| e.to_string()))
+    {
+        Ok(p) => p,
+        Err(e) => return log.fail(format!("client identity: {e}")),
+    };
+    log.src_identity = Some(peer.to_string());
+
+    let s = core.cfg.h2;
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(s.stream_window)
+        .initial_connection_window_size(s.connection_window)
+        .max_frame_size(s.max_frame_size)
+        .max_concurrent_streams(200)
+        .max_header_list_size(64 << 10)
+        .handshake::<_, Bytes>(tls_stream);
+    let mut h2 = match with_timeout(core.cfg.handshake_timeout, handshake).await {
+        None => return log.fail("HTTP/2 handshake timed out"),
+        Some(Err(e)) => return log.fail(format!("HTTP/2 handshake failed: {e}")),
+        Some(Ok(c)) => c,
+    };
+
+    let mut shutdown = core.shutdown.clone();
+    let mut streams = 0u64;
+    let mut draining = false;
+    loop {
+        let next = futures_lite::future::or(async { Some(h2.accept().await) }, async {
+            if draining {
+                std::future::pending::<()>().await;
+            }
+            let _ = shutdown.wait_for(|s| *s).await;
+            None
+        })
+        .await;
+        match next {
+            // Drain: GOAWAY, then keep serving the streams already open.
+            None => {
+                draining = true;
+                h2.graceful_shutdown();
+            }
+            Some(None) => break,
+            Some(Some(Ok((request, respond)))) => {
+                streams += 1;
+                let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
+                spawn_cancellable(
+                    &core,
+                    serve_stream(
+                        core.clone(),
+                        dst,
+                        peer.clone(),
+                        request,
+                        respond,
+                        stream_log,
+                    ),
+                );
+            }
+            Some(Some(Err(e))) => {
+                return log.fail(format!(
+                    "HTTP/2 connection error after {streams} streams: {e}"
+                ));
+            }
+        }
+    }
+    log.finish(format!("closed after {streams} streams"));
+}
+
+fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
+    let resp = Response::builder()
+        .status(status)
+        .body(())
+        .expect("static response");
+    let _ = respond.send_response(resp, true);
+}
+
+/// One CONNECT stream: validate, connect to the local workload, 200, pump.
+async fn serve_stream(
+    core: Rc<CoreInputs>,
+    conn_dst: SocketAddr,
+    peer: Identity,
+    request: Request<h2::RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    mut log: ConnLog,
+) {
+    log.route = "hbone";
+    log.src_identity = Some(peer.to_string());
+    let headers = request.headers();
+    if let Some(f) = headers.get("forwarded").and_then(|v| v.to_str().ok()) {
+        log.src = super::parse_forwarded_for(f).and_then(|a| a.parse().ok());
+    }
+    if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        if super::valid_traceparent(t) {
+            log.trace = Some(t.to_string());
+        }
+    }
+    if request.method() != Method::CONNECT {
+        reply(&mut respond, StatusCode::BAD_REQUEST);
+        return log.fail(format!("400: method {} is not CONNECT", request.method()));
+    }
+    let target: SocketAddr = match request.uri().authority().map(|a| a.as_str().parse()) {
+        Some(Ok(t)) => t,
+        _ => {
+            reply(&mut respond, StatusCode::BAD_REQUEST);
+            return log.fail(format!(
+                "400: malformed :authority {:?}",
+                request.uri().authority()
+            ));
+        }
+    };
+    log.dst = Some(target);
+    if target.ip() != conn_dst.ip() {
+        reply(&mut respond, StatusCode::BAD_REQUEST);
+        return log.fail(format!(
+            "400: authority IP {} is not the connection's destination {}",
+            target.ip(),
+            conn_dst.ip()
+        ));
+    }
+    let known = core
+        .snapshot()
+        .workload_by_addr(&core.cfg.network, target.ip())
+        .is_some();
+    if !known {
+        reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+        return log.fail(format!("503: no local workload at {}", target.ip()));
+    }
+    let upstream = match socket::connect(&core.poller, target, core.cfg.connect).await {
+        Ok(s) => s,
+        Err(e) => {
+            reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+            return log.fail(format!("503: connect to {target} failed: {e}"));
+        }
+    };
+    log.upstream = Some(target);
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .body(())
+        .expect("static response");
+    let send = match respond.send_response(resp, false) {
+        Ok(s) => s,
+        Err(e) => return log.fail(format!("could not answer 200: {e}")),
+    };
+    let recv = request.into_body();
+    // Received from the tunnel = sent by the remote client.
+    let outcome = pump(
+        &core.poller,
+        upstream.as_raw_fd(),
+        send,
+        recv,
+        &log.received,
+        &log.sent,
+    )
+    .await;
+    match outcome {
+        PumpOutcome::Closed => log.finish("closed"),
+        other => log.fail(other.describe()),
+    }
+}

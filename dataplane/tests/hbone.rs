@@ -1,0 +1,668 @@
+//! HBONE end to end: two simulated nodes (network namespaces joined by a
+//! veth pair), each with its own ringway, one shared trust root. Node A
+//! hosts the client workload (10.250.0.1, captured egress); node B hosts
+//! the HBONE server workload (10.250.0.2) behind ringway's 15008.
+//! Independent peers: Python's h2 + ssl (tests/py/) on either side.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{in_netns, recv_all, send_pattern, NetNs, Ringway};
+
+const CLIENT_IP: &str = "10.250.0.1";
+const SERVER_IP: &str = "10.250.0.2";
+const CLIENT_ID: &str = "spiffe://cluster.local/ns/client-ns/sa/client";
+const SERVER_ID: &str = "spiffe://cluster.local/ns/server-ns/sa/server";
+
+fn config() -> String {
+    format!(
+        r#"
+workloads:
+- uid: cluster1//v1/Pod/client-ns/client
+  name: client
+  namespace: client-ns
+  serviceAccount: client
+  workloadIps: ["{CLIENT_IP}"]
+  protocol: HBONE
+  node: node-a
+  workloadName: client
+  canonicalName: client
+  canonicalRevision: v1
+  clusterId: Kubernetes
+- uid: cluster1//v1/Pod/server-ns/server
+  name: server
+  namespace: server-ns
+  serviceAccount: server
+  workloadIps: ["{SERVER_IP}"]
+  protocol: HBONE
+  node: node-b
+"#
+    )
+}
+
+/// Two nodes, their ringways and a shared CA directory.
+struct Nodes {
+    a: NetNs,
+    b: NetNs,
+    dir: tempfile::TempDir,
+    rw_a: Option<Ringway>,
+    rw_b: Option<Ringway>,
+}
+
+impl Nodes {
+    /// `with_b`: start ringway on node B (otherwise the test puts its own
+    /// HBONE server there).
+    fn new(tag: &str, with_b: bool, extra: &[&str]) -> Nodes {
+        let a = NetNs::new(&format!("{tag}a"));
+        let b = NetNs::new(&format!("{tag}b"));
+        let (ia, _) = common::veth(&a, CLIENT_IP, &b, SERVER_IP);
+        a.nft(&format!(
+            "table inet ringway_test {{
+               chain out {{ type nat hook output priority -100; policy accept;
+                 oifname \"{ia}\" meta l4proto tcp meta mark & 0xfff != 0x539 redirect to :15001;
+               }}
+             }}"
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = common::write_config(dir.path(), "mesh.yaml", &config());
+        let ca = dir.path().join("ca");
+        let mut nodes = Nodes {
+            a,
+            b,
+            dir,
+            rw_a: None,
+            rw_b: None,
+        };
+        let args = |node: &str| -> Vec<String> {
+            let mut v: Vec<String> = [
+                "--config",
+                cfg.to_str().unwrap(),
+                "--ca-dir",
+                ca.to_str().unwrap(),
+                "--node-name",
+                node,
+                "--inbound-addr",
+                &format!(
+                    "{}:15008",
+                    if node == "node-a" {
+                        CLIENT_IP
+                    } else {
+                        SERVER_IP
+                    }
+                ),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let a_args = args("node-a");
+        nodes.rw_a = Some(
+            nodes
+                .a
+                .ringway(&a_args.iter().map(String::as_str).collect::<Vec<_>>()),
+        );
+        if with_b {
+            let b_args = args("node-b");
+            nodes.rw_b = Some(
+                nodes
+                    .b
+                    .ringway(&b_args.iter().map(String::as_str).collect::<Vec<_>>()),
+            );
+        }
+        nodes
+    }
+
+    fn ca_dir(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+
+    fn a(&self) -> &Ringway {
+        self.rw_a.as_ref().unwrap()
+    }
+
+    fn b(&self) -> &Ringway {
+        self.rw_b.as_ref().unwrap()
+    }
+
+    /// Mints a certificate with `ringway cert issue` from `ca` into a new dir.
+    fn issue(&self, ca: &Path, id: &str, name: &str, ttl: &str) -> PathBuf {
+        let out = self.dir.path().join(name);
+        let o = Command::new(common::ringway_bin())
+            .args([
+                "cert",
+                "issue",
+                id,
+                "--ca-dir",
+                ca.to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--ttl",
+                ttl,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "cert issue: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    }
+}
+
+/// Starts the Python HBONE server on node B's 15008 (echo mode) with the
+/// given certificate; returns once it listens.
+fn py_server(nodes: &Nodes, certs: &Path, log: &Path) -> std::process::Child {
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &nodes.b.name, "/usr/bin/python3"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/hbone_server.py"))
+        .args(["--listen", &format!("{SERVER_IP}:15008"), "--mode", "echo"])
+        .args(["--cert", certs.join("cert-chain.pem").to_str().unwrap()])
+        .args(["--key", certs.join("key.pem").to_str().unwrap()])
+        .args([
+            "--ca",
+            root.to_str().unwrap(),
+            "--log",
+            log.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(
+        line.starts_with("READY"),
+        "python HBONE server did not start: {line}"
+    );
+    server
+}
+
+/// Runs the Python HBONE client inside `ns`; returns (exit code, JSON).
+fn py_client(ns: &NetNs, args: &[String]) -> (i32, serde_json::Value) {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name, "/usr/bin/python3"]);
+    cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/hbone_client.py"));
+    cmd.args(args).arg("--timeout").arg("20");
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| serde_json::json!({"stdout": stdout, "stderr": String::from_utf8_lossy(&out.stderr)}));
+    (out.status.code().unwrap_or(-1), json)
+}
+
+fn client_args(certs: &Path, ca_root: &Path, authority: &str) -> Vec<String> {
+    vec![
+        "--connect".into(),
+        format!("{SERVER_IP}:15008"),
+        "--authority".into(),
+        authority.into(),
+        "--cert".into(),
+        certs.join("cert-chain.pem").to_str().unwrap().into(),
+        "--key".into(),
+        certs.join("key.pem").to_str().unwrap().into(),
+        "--ca".into(),
+        ca_root.to_str().unwrap().into(),
+    ]
+}
+
+/// Connects from the client workload's address (so ringway knows whose
+/// identity to use).
+fn connect_from_client(dst: &str) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(
+        &format!("{CLIENT_IP}:0")
+            .parse::<SocketAddr>()
+            .unwrap()
+            .into(),
+    )?;
+    sock.connect(&dst.parse::<SocketAddr>().unwrap().into())?;
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    Ok(s)
+}
+
+#[test]
+fn ringway_to_ringway_256mib_each_way() {
+    let nodes = Nodes::new("big", true, &[]);
+    let size = 256 << 20;
+    let l = nodes
+        .b
+        .enter(|| TcpListener::bind(format!("{SERVER_IP}:8080")).unwrap());
+    let server = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let w = s.try_clone().unwrap();
+        let sender = thread::spawn(move || send_pattern(w, size, 7));
+        let got = recv_all(s);
+        (sender.join().unwrap(), got)
+    });
+    let (c2s, client_got) = in_netns(&nodes.a.name, move || {
+        let c = connect_from_client(&format!("{SERVER_IP}:8080")).unwrap();
+        let w = c.try_clone().unwrap();
+        let sender = thread::spawn(move || send_pattern(w, size, 8));
+        let got = recv_all(c);
+        (sender.join().unwrap(), got)
+    });
+    let (s2c, server_got) = server.join().unwrap();
+    assert_eq!(server_got.0, size);
+    assert_eq!(client_got.0, size);
+    assert_eq!(server_got.1 .0, c2s.0, "client→server bytes intact");
+    assert_eq!(client_got.1 .0, s2c.0, "server→client bytes intact");
+
+    let a = &nodes.a().wait_access_logs(1)[0];
+    assert_eq!(a["route"], "hbone", "{a}");
+    assert_eq!(a["src_identity"], CLIENT_ID);
+    assert_eq!(a["dst_identity"], SERVER_ID);
+    assert_eq!(a["bytes_sent"], size as u64);
+    assert_eq!(a["bytes_received"], size as u64);
+    let b_logs = nodes.b().wait_access_logs(1);
+    let b = b_logs
+        .iter()
+        .find(|l| l["route"] == "hbone")
+        .expect("stream log on node B");
+    assert_eq!(
+        b["src_identity"], CLIENT_ID,
+        "server saw the client's mTLS identity"
+    );
+    assert_eq!(b["dst"], format!("{SERVER_IP}:8080"));
+    assert_eq!(
+        b["trace"], a["trace"],
+        "traceparent travels with the tunnel"
+    );
+    assert!(
+        b["src"].as_str().unwrap().starts_with(CLIENT_IP),
+        "forwarded: for= carries the client: {b}"
+    );
+}
+
+#[test]
+fn concurrent_tunnels_share_pooled_connections() {
+    let nodes = Nodes::new("pool", true, &[]);
+    const N: usize = 500;
+    nodes.b.enter(|| {
+        let l = TcpListener::bind(format!("{SERVER_IP}:8081")).unwrap();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    // Sequential first: one key, so one handshake per core at most.
+    in_netns(&nodes.a.name, || {
+        for i in 0..20 {
+            let mut c = connect_from_client(&format!("{SERVER_IP}:8081")).unwrap();
+            c.write_all(format!("seq-{i}").as_bytes()).unwrap();
+            let mut b = vec![0u8; format!("seq-{i}").len()];
+            c.read_exact(&mut b).unwrap();
+        }
+    });
+    let logs = nodes.a().wait_access_logs(20);
+    let mut conns: Vec<(u64, u64)> = logs
+        .iter()
+        .map(|l| {
+            (
+                l["core"].as_u64().unwrap(),
+                l["hbone_conn"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    conns.sort();
+    conns.dedup();
+    assert!(
+        conns.len() <= 2,
+        "20 sequential tunnels of one key reuse pooled connections: {conns:?}"
+    );
+
+    // Then 500 at once, all held open together.
+    in_netns(&nodes.a.name, || {
+        let mut held = Vec::new();
+        for i in 0..N {
+            let mut c = connect_from_client(&format!("{SERVER_IP}:8081")).unwrap();
+            c.write_all(b"x").unwrap();
+            held.push((i, c));
+        }
+        for (i, c) in held.iter_mut() {
+            let mut b = [0u8; 1];
+            c.read_exact(&mut b)
+                .unwrap_or_else(|e| panic!("tunnel {i}: {e}"));
+        }
+    });
+    let logs = nodes.a().wait_access_logs(20 + N);
+    assert!(
+        logs.iter().all(|l| l["outcome"] == "closed"),
+        "all tunnels closed cleanly"
+    );
+    let mut conns: Vec<(u64, u64)> = logs[20..]
+        .iter()
+        .map(|l| {
+            (
+                l["core"].as_u64().unwrap(),
+                l["hbone_conn"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let total = conns.len();
+    conns.sort();
+    let mut per_conn = std::collections::BTreeMap::new();
+    for c in &conns {
+        *per_conn.entry(*c).or_insert(0usize) += 1;
+    }
+    assert_eq!(total, N);
+    // 500 concurrent streams, ≤ 100 per connection: at least 5 connections.
+    assert!(
+        per_conn.len() >= 5 && per_conn.len() <= 16,
+        "connections used: {per_conn:?}"
+    );
+}
+
+#[test]
+fn python_h2_client_against_ringway_server() {
+    let nodes = Nodes::new("pyc", true, &[]);
+    nodes.b.enter(|| {
+        let l = TcpListener::bind(format!("{SERVER_IP}:8082")).unwrap();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 {
+                            let _ = s.shutdown(Shutdown::Write);
+                            return;
+                        }
+                        if s.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    let certs = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "pyclient", "1h");
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let mut args = client_args(&certs, &root, &format!("{SERVER_IP}:8082"));
+    args.extend([
+        "--send-bytes".into(),
+        (4 << 20).to_string(),
+        "--streams".into(),
+        "8".into(),
+    ]);
+    args.extend(["--expect-identity".into(), SERVER_ID.into()]);
+    args.extend([
+        "--header".into(),
+        format!("forwarded=for=\"{CLIENT_IP}:5555\""),
+    ]);
+    let (code, out) = py_client(&nodes.a, &args);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["alpn"], "h2");
+    assert_eq!(out["peer_identity"], SERVER_ID);
+    for i in 0..8 {
+        assert_eq!(out["status"][i], 200, "{out}");
+        assert_eq!(out["received"][i], 4 << 20, "{out}");
+        assert_eq!(
+            out["sha256_received"][i], out["sha256_sent"][i],
+            "echo intact"
+        );
+    }
+    let logs = nodes.b().wait_access_logs(8);
+    assert!(logs
+        .iter()
+        .any(|l| l["route"] == "hbone" && l["src_identity"] == CLIENT_ID));
+}
+
+#[test]
+fn ringway_client_against_python_h2_server() {
+    let nodes = Nodes::new("pys", false, &[]);
+    let certs = nodes.issue(&nodes.ca_dir(), SERVER_ID, "pyserver", "1h");
+    let log = nodes.dir.path().join("pyserver.jsonl");
+    let mut server = py_server(&nodes, &certs, &log);
+    let result = in_netns(&nodes.a.name, || {
+        let mut c = connect_from_client(&format!("{SERVER_IP}:9443"))?;
+        c.write_all(b"hello over python h2")?;
+        c.shutdown(Shutdown::Write)?;
+        let mut got = String::new();
+        c.read_to_string(&mut got)?;
+        Ok::<_, std::io::Error>(got)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(result.unwrap(), "hello over python h2");
+    let entries = common::read_json_lines(&log);
+    let e = entries
+        .first()
+        .unwrap_or_else(|| panic!("python server saw no stream"));
+    assert_eq!(e["authority"], format!("{SERVER_IP}:9443"));
+    assert_eq!(
+        e["peer_identity"], CLIENT_ID,
+        "ringway presented the client workload's identity"
+    );
+    let h = &e["headers"];
+    assert!(
+        h["forwarded"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("for=\"{CLIENT_IP}:")),
+        "{h}"
+    );
+    let tp = h["traceparent"].as_str().unwrap();
+    assert!(tp.starts_with("00-") && tp.len() == 55, "{tp}");
+    let bag = h["baggage"].as_str().unwrap();
+    assert!(
+        bag.contains("k8s.namespace.name=client-ns") && bag.contains("k8s.deployment.name=client"),
+        "{bag}"
+    );
+    assert!(
+        bag.contains("service.name=client") && bag.contains("service.version=v1"),
+        "{bag}"
+    );
+}
+
+#[test]
+fn ringway_refuses_server_with_wrong_identity() {
+    let nodes = Nodes::new("wid", false, &[]);
+    // The server presents a valid cert, but for another identity.
+    let certs = nodes.issue(
+        &nodes.ca_dir(),
+        "spiffe://cluster.local/ns/evil/sa/impostor",
+        "impostor",
+        "1h",
+    );
+    let log = nodes.dir.path().join("impostor.jsonl");
+    let mut server = py_server(&nodes, &certs, &log);
+    let r = in_netns(&nodes.a.name, || {
+        let mut c = connect_from_client(&format!("{SERVER_IP}:9443")).unwrap();
+        let _ = c.write_all(b"secret");
+        let mut buf = [0u8; 16];
+        c.read(&mut buf)
+    });
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(matches!(r, Ok(0) | Err(_)), "no data may flow: {r:?}");
+    let seen = common::read_json_lines(&log);
+    assert!(
+        seen.iter().all(|e| e.get("authority").is_none()),
+        "no CONNECT may reach an impostor: {seen:?}"
+    );
+    let l = &nodes.a().wait_access_logs(1)[0];
+    let err = l["error"].as_str().unwrap();
+    assert!(
+        err.contains("expected spiffe://cluster.local/ns/server-ns/sa/server"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ringway_server_rejects_bad_peers_and_requests() {
+    let nodes = Nodes::new("neg", true, &["--handshake-timeout", "1s"]);
+    nodes.b.enter(|| {
+        let l = TcpListener::bind(format!("{SERVER_IP}:8083")).unwrap();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                drop(s);
+            }
+        });
+    });
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let good = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "good", "1h");
+    let pid_b = nodes.b().pid();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid_b}/fd"))
+            .unwrap()
+            .count()
+    };
+    // Warm up (pool of pipes etc.), then baseline.
+    let (code, out) = py_client(
+        &nodes.a,
+        &client_args(&good, &root, &format!("{SERVER_IP}:8083")),
+    );
+    assert_eq!(code, 0, "{out}");
+    thread::sleep(Duration::from_millis(300));
+    let baseline = fds();
+
+    // Request-level rejections: the status the spec asks for.
+    let status_of = |authority: &str, extra: &[&str]| {
+        let mut a = client_args(&good, &root, authority);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let (code, out) = py_client(&nodes.a, &a);
+        (code, out["status"][0].clone())
+    };
+    assert_eq!(
+        status_of(&format!("{SERVER_IP}:8083"), &["--method", "GET"]).1,
+        400,
+        "non-CONNECT"
+    );
+    assert_eq!(
+        status_of("not-an-address", &[]).1,
+        400,
+        "malformed authority"
+    );
+    assert_eq!(
+        status_of("10.250.0.99:8083", &[]).1,
+        400,
+        "authority is not the dialled workload"
+    );
+    assert_eq!(
+        status_of(&format!("{SERVER_IP}:8099"), &[]).1,
+        503,
+        "nothing listens there"
+    );
+
+    // Handshake-level rejections.
+    let td = nodes.issue(
+        &nodes.ca_dir(),
+        "spiffe://other.domain/ns/x/sa/y",
+        "foreign-td",
+        "1h",
+    );
+    let (code, out) = py_client(
+        &nodes.a,
+        &client_args(&td, &root, &format!("{SERVER_IP}:8083")),
+    );
+    assert_ne!(code, 0, "foreign trust domain must be refused: {out}");
+    assert_ne!(out["status"][0], 200);
+
+    let rogue_ca = nodes.dir.path().join("rogue-ca");
+    let rogue = nodes.issue(&rogue_ca, CLIENT_ID, "rogue", "1h");
+    let (code, out) = py_client(
+        &nodes.a,
+        &client_args(&rogue, &root, &format!("{SERVER_IP}:8083")),
+    );
+    assert_ne!(code, 0, "untrusted root must be refused: {out}");
+
+    let expired = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "expired", "1s");
+    // Validity has one-second resolution: wait until it is surely past.
+    thread::sleep(Duration::from_millis(2600));
+    let (code, out) = py_client(
+        &nodes.a,
+        &client_args(&expired, &root, &format!("{SERVER_IP}:8083")),
+    );
+    assert_ne!(code, 0, "expired cert must be refused: {out}");
+
+    let mut no_cert = client_args(&good, &root, &format!("{SERVER_IP}:8083"));
+    no_cert.drain(4..8); // drop --cert/--key
+    let (code, out) = py_client(&nodes.a, &no_cert);
+    assert_ne!(
+        code, 0,
+        "a client without a certificate must be refused: {out}"
+    );
+
+    // A peer that stalls mid-handshake, and one that sends garbage.
+    let stalled = in_netns(&nodes.a.name, || {
+        let mut s = TcpStream::connect(format!("{SERVER_IP}:15008")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let started = Instant::now();
+        let r = s.read(&mut [0u8; 1]);
+        (r.map_err(|e| e.kind()), started.elapsed())
+    });
+    assert!(matches!(stalled.0, Ok(0) | Err(_)), "{stalled:?}");
+    assert!(
+        stalled.1 < Duration::from_secs(5),
+        "a stalled handshake is dropped after --handshake-timeout: {stalled:?}"
+    );
+    let garbage = in_netns(&nodes.a.name, || {
+        let mut s = TcpStream::connect(format!("{SERVER_IP}:15008")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: nope\r\n\r\n")
+            .unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        buf
+    });
+    assert!(
+        !garbage.starts_with(b"HTTP/"),
+        "garbage never gets a plaintext answer"
+    );
+
+    // Still healthy, nothing leaked.
+    let (code, out) = py_client(
+        &nodes.a,
+        &client_args(&good, &root, &format!("{SERVER_IP}:8083")),
+    );
+    assert_eq!(code, 0, "{out}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fds() > baseline + 2 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(fds() <= baseline + 2, "fds leaked: {} > {baseline}", fds());
+    let errors: Vec<String> = nodes
+        .b()
+        .access_logs()
+        .iter()
+        .filter_map(|l| l["error"].as_str().map(String::from))
+        .collect();
+    for needle in [
+        "not CONNECT",
+        "malformed :authority",
+        "not the connection's destination",
+        "503",
+        "TLS handshake",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.contains(needle)),
+            "no log for {needle}: {errors:#?}"
+        );
+    }
+}

@@ -18,7 +18,27 @@ use crate::listeners::{bind_all, SelfAddrs, TrafficPath};
 use crate::runtime::{check_memlock, raise_nofile, start_cores, CoreSeed};
 use crate::socket;
 
+/// SIGTERM/SIGINT must reach the control thread only: delivered to a core
+/// thread they would interrupt its io_uring calls (EINTR) for nothing.
+/// Threads inherit the mask, so block here before any thread starts; the
+/// control thread unblocks them for itself.
+fn set_termination_signals_blocked(blocked: bool) {
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let how = if blocked {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    set_termination_signals_blocked(true);
     let cfg = ProxyConfig::from_args(&args);
 
     // Config first: an invalid file must stop startup with a clear message.
@@ -63,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_memlock()?;
     raise_nofile();
 
-    let specs = vec![
+    let mut specs = vec![
         (TrafficPath::Outbound, args.outbound_addr.clone()),
         (
             TrafficPath::InboundPassthrough,
@@ -71,6 +91,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ),
         (TrafficPath::Inbound, args.inbound_addr.clone()),
     ];
+    let socks5 = args.socks5_addrs();
+    if !socks5.is_empty() {
+        specs.push((TrafficPath::Socks5, socks5));
+    }
     let per_core = bind_all(&specs, plan.cpus.len())?;
     let bound: Vec<(TrafficPath, std::net::SocketAddr)> =
         per_core[0].iter().map(|l| (l.path, l.addr)).collect();
@@ -209,6 +233,9 @@ fn start_control_thread(
                         return;
                     }
                 };
+                // Handlers first, then unblock: a SIGTERM that arrived
+                // during startup is pending and now drains instead of killing.
+                set_termination_signals_blocked(false);
                 let _ = installed_tx.send(Ok(()));
                 tokio::spawn(certs::run_builtin_cert_manager(
                     certs.ca,

@@ -78,8 +78,12 @@ impl Poller {
         let file = unsafe { glommio::io::BufferedFile::from_raw_fd(dup) };
         loop {
             if let Err(e) = file.read_at(0, 8).await {
-                tracing::error!(error = %e, "readiness eventfd read failed; this core stops moving bytes");
-                return;
+                // Never give up: a dead pump would stall every connection on
+                // this core. Reap anyway and retry after a short pause.
+                tracing::warn!(error = %e, "readiness eventfd read failed; retrying");
+                self.reap();
+                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                continue;
             }
             self.reap();
         }

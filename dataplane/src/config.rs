@@ -105,6 +105,17 @@ pub struct Args {
     )]
     pub inbound_addr: Vec<SocketAddr>,
 
+    /// Enable the SOCKS5 front door (RFC 1928: no-auth, CONNECT only) on
+    /// 127.0.0.1:15080. Its connections take the outbound path.
+    #[arg(long, env = "RINGWAY_SOCKS5")]
+    pub socks5: bool,
+
+    /// SOCKS5 listener address(es), comma-separated; implies --socks5.
+    /// Anyone who can reach it can use ringway's outbound path, so keep it
+    /// on loopback unless the network is trusted.
+    #[arg(long, env = "RINGWAY_SOCKS5_ADDR", value_delimiter = ',')]
+    pub socks5_addr: Vec<SocketAddr>,
+
     /// splice: zero-copy through a pipe; copy: userspace buffer.
     #[arg(long, env = "RINGWAY_COPY_MODE", value_enum, default_value = "splice")]
     pub copy_mode: CopyMode,
@@ -171,8 +182,9 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_POOL_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub pool_idle_timeout: Duration,
 
-    /// TLS + HTTP/2 handshakes must complete within this (a peer that
-    /// stalls mid-handshake is dropped).
+    /// TLS + HTTP/2 handshakes, and a SOCKS5 client's greeting and
+    /// request, must complete within this (a peer that stalls
+    /// mid-handshake is dropped).
     #[arg(long, env = "RINGWAY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
 
@@ -188,6 +200,23 @@ pub struct Args {
     /// as JSON (useful with port 0, for supervisors and tests).
     #[arg(long, env = "RINGWAY_BOUND_ADDRS_FILE")]
     pub bound_addrs_file: Option<PathBuf>,
+}
+
+/// Where SOCKS5 listens when only --socks5 is given.
+pub const DEFAULT_SOCKS5_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15080);
+
+impl Args {
+    /// The SOCKS5 listener addresses; empty when it is off.
+    pub fn socks5_addrs(&self) -> Vec<SocketAddr> {
+        if !self.socks5_addr.is_empty() {
+            self.socks5_addr.clone()
+        } else if self.socks5 {
+            vec![DEFAULT_SOCKS5_ADDR]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -449,6 +478,31 @@ mod tests {
         assert!(parse_size("8192M").is_err());
         assert!(parse_frame_size("1K").is_err());
         assert_eq!(parse_frame_size("1M").unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn socks5_is_off_unless_asked_for() {
+        let parse = |args: &[&str]| {
+            let mut full = vec!["ringway"];
+            full.extend_from_slice(args);
+            Cli::try_parse_from(full).unwrap().run.socks5_addrs()
+        };
+        assert!(parse(&[]).is_empty());
+        assert_eq!(
+            parse(&["--socks5"]),
+            vec!["127.0.0.1:15080".parse().unwrap()]
+        );
+        assert_eq!(
+            parse(&["--socks5-addr", "127.0.0.1:1080,[::1]:1080"]),
+            vec![
+                "127.0.0.1:1080".parse::<SocketAddr>().unwrap(),
+                "[::1]:1080".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            parse(&["--socks5", "--socks5-addr", "127.0.0.1:0"]),
+            vec!["127.0.0.1:0".parse().unwrap()]
+        );
     }
 
     #[test]

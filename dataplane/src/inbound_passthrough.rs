@@ -28,5 +28,6 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     }
     log.route = "passthrough";
     log.upstream = Some(dst);
-    crate::outbound::proxy_direct(&core, client, dst, &log).await;
+    crate::outbound::proxy_direct(&core, client, dst, &log, &mut crate::outbound::Transparent)
+        .await;
 }

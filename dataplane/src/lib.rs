@@ -5,6 +5,7 @@
 //! - [`runtime`]: per-core executors, startup checks, drain.
 //! - [`listeners`]: REUSEPORT listeners per core and the accept loop.
 //! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`hbone::server`] (15008): the traffic paths.
+//! - [`socks5`] (15080, off by default): SOCKS5 front door into the outbound path.
 //! - [`hbone`]: HTTP/2 CONNECT over mTLS: server, client, per-core pool, stream pump.
 //! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
 //! - [`copy`]: splice / userspace byte movement with TCP half-close and RST semantics.
@@ -24,5 +25,6 @@ pub mod listeners;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;
+pub mod socks5;
 pub mod stream;
 pub mod uring;

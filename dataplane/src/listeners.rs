@@ -24,6 +24,8 @@ pub enum TrafficPath {
     InboundPassthrough,
     /// 15008: HBONE (mTLS HTTP/2 CONNECT) ingress.
     Inbound,
+    /// 15080: SOCKS5 front door to the outbound path (off by default).
+    Socks5,
 }
 
 impl TrafficPath {
@@ -32,6 +34,7 @@ impl TrafficPath {
             TrafficPath::Outbound => "outbound",
             TrafficPath::InboundPassthrough => "inbound_passthrough",
             TrafficPath::Inbound => "inbound",
+            TrafficPath::Socks5 => "socks5",
         }
     }
 }
@@ -56,7 +59,9 @@ pub fn bind_all(
         for &requested in addrs {
             let mut addr = requested;
             for (core, slot) in per_core.iter_mut().enumerate() {
-                let transparent = *path != TrafficPath::Outbound;
+                // Only capture listeners may receive TPROXY-delivered traffic.
+                let transparent =
+                    matches!(path, TrafficPath::InboundPassthrough | TrafficPath::Inbound);
                 let fd = socket::bind_listener(addr, transparent, BACKLOG).with_context(|| {
                     format!(
                         "cannot bind the {} listener on {addr} (core {core}); is another process using the port?",

@@ -8,9 +8,14 @@
 //! service VIP is load-balanced to one of its endpoints first. Waypoints
 //! are not supported yet and are refused: ringway never falls back to
 //! plaintext for a mesh destination.
+//!
+//! [`route`] is the path itself, entered with a destination: by [`serve`]
+//! for captured traffic, and by the SOCKS5 front door
+//! ([`crate::socks5`]) with the destination the client asked for. A
+//! [`Downstream`] is what differs: how the client learns the outcome.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 use ringway_controlplane::identity::Identity;
@@ -154,6 +159,97 @@ fn pick_weighted<'a>(candidates: &[(&'a Workload, u16)]) -> (&'a Workload, u16) 
     candidates[candidates.len() - 1]
 }
 
+/// How the client of an outbound connection learns what became of its
+/// upstream: this is all that differs between the entry points feeding
+/// [`route`] (captured 15001 traffic, the SOCKS5 front door).
+pub trait Downstream {
+    /// The upstream is established (connected, or the HBONE CONNECT was
+    /// answered 200). Returns bytes to send the client before any proxied
+    /// byte. `upstream` is the direct upstream socket (`None` when
+    /// tunnelled over HBONE).
+    fn established(&mut self, upstream: Option<BorrowedFd<'_>>) -> Option<Vec<u8>>;
+    /// The connection will not be made, for `failure`.
+    fn failed(&mut self, failure: Failure) -> Refusal;
+}
+
+/// Why an outbound connection was not made, coarsely (what a client can
+/// be told).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The destination is one of ringway's own listeners.
+    Loop,
+    /// Refused by ringway: fail closed, unsupported mesh destination.
+    NotAllowed,
+    /// The upstream refused the connection.
+    ConnectionRefused,
+    /// No route, timed out, no healthy endpoint, peer unreachable.
+    HostUnreachable,
+    NetworkUnreachable,
+    General,
+}
+
+impl Failure {
+    /// Classifies a failed upstream connect.
+    pub fn of_io(e: &std::io::Error) -> Failure {
+        match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => Failure::ConnectionRefused,
+            Some(libc::EHOSTUNREACH) | Some(libc::ETIMEDOUT) | Some(libc::EHOSTDOWN) => {
+                Failure::HostUnreachable
+            }
+            Some(libc::ENETUNREACH) | Some(libc::ENETDOWN) => Failure::NetworkUnreachable,
+            _ if e.kind() == std::io::ErrorKind::TimedOut => Failure::HostUnreachable,
+            _ => Failure::General,
+        }
+    }
+
+    /// Classifies a failed HBONE tunnel.
+    pub fn of_hbone(e: &hbone::client::HboneError) -> Failure {
+        use hbone::client::HboneError as E;
+        match e {
+            E::NoCertificate(_) | E::IdentityMismatch { .. } => Failure::NotAllowed,
+            E::Connect(..) | E::ConnectTimeout(_) => Failure::HostUnreachable,
+            E::Status(_, s) if *s == http::StatusCode::SERVICE_UNAVAILABLE => {
+                Failure::HostUnreachable
+            }
+            E::Status(_, s)
+                if *s == http::StatusCode::FORBIDDEN || *s == http::StatusCode::UNAUTHORIZED =>
+            {
+                Failure::NotAllowed
+            }
+            _ => Failure::General,
+        }
+    }
+}
+
+/// What the client gets when its connection will not be made.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// RST: it believed it was connected; a reset tells the truth.
+    Reset,
+    /// A plain close.
+    Close,
+    /// These bytes, then a close.
+    Reply(Vec<u8>),
+}
+
+/// Captured traffic: the client believes it is already connected, so
+/// nothing is said on success and a failure resets it (a loop is just
+/// closed).
+pub struct Transparent;
+
+impl Downstream for Transparent {
+    fn established(&mut self, _upstream: Option<BorrowedFd<'_>>) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn failed(&mut self, failure: Failure) -> Refusal {
+        match failure {
+            Failure::Loop => Refusal::Close,
+            _ => Refusal::Reset,
+        }
+    }
+}
+
 /// Serves one captured outbound connection.
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
@@ -166,11 +262,36 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
             ))
         }
     };
+    route(&core, client, dst, log, &mut Transparent).await;
+}
+
+/// The outbound path proper, shared by every entry point: refuse loops,
+/// [`plan`] from the core's snapshot, then connect directly or tunnel over
+/// HBONE (speaking for the workload at `log.src`) and move bytes.
+/// `downstream` decides what the client hears at the moment the upstream
+/// is established or the attempt fails.
+///
+/// `log` comes after `client` so that, on a refusal here, the access-log
+/// line is written before the client socket is closed.
+pub async fn route(
+    core: &Rc<CoreInputs>,
+    client: OwnedFd,
+    dst: SocketAddr,
+    mut log: ConnLog,
+    downstream: &mut dyn Downstream,
+) {
+    let log = &mut log;
     log.dst = Some(dst);
     if core.self_addrs.is_self(dst) {
-        return log.fail(format!(
-            "refused: {dst} is one of ringway's own listeners (forwarding loop)"
-        ));
+        return refuse(
+            core,
+            &client,
+            downstream,
+            Failure::Loop,
+            log,
+            format!("refused: {dst} is one of ringway's own listeners (forwarding loop)"),
+        )
+        .await;
     }
     let snapshot = core.snapshot();
     let upstream = match plan(&snapshot, &core.cfg.network, dst) {
@@ -190,28 +311,76 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
             });
             drop(snapshot);
             let Some(source) = source else {
-                socket::set_reset_on_close(fd);
-                return log.fail(format!(
+                let why = format!(
                     "refused: no workload at source {} to speak for over HBONE (fail closed)",
                     log.src
                         .map(|s| s.ip().to_string())
                         .unwrap_or_else(|| "-".into())
-                ));
+                );
+                return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
             };
-            return proxy_hbone(&core, client, target, identity, &source, &mut log).await;
+            return proxy_hbone(core, client, target, identity, &source, log, downstream).await;
         }
         Ok(Plan::Unsupported(why)) => {
-            socket::set_reset_on_close(fd);
-            return log.fail(format!("refused: {why}; never falling back to plaintext"));
+            let why = format!("refused: {why}; never falling back to plaintext");
+            return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
         }
         Err(e) => {
-            socket::set_reset_on_close(fd);
-            return log.fail(format!("refused: {e}"));
+            let failure = match e {
+                PlanError::NoHealthyUpstream(..) => Failure::HostUnreachable,
+            };
+            let why = format!("refused: {e}");
+            return refuse(core, &client, downstream, failure, log, why).await;
         }
     };
     drop(snapshot);
     log.upstream = Some(upstream);
-    proxy_direct(&core, client, upstream, &log).await;
+    proxy_direct(core, client, upstream, log, downstream).await;
+}
+
+/// Ends a connection that will not be made: tells the client what
+/// `downstream` says for `failure`, and logs `why`.
+async fn refuse(
+    core: &CoreInputs,
+    client: &OwnedFd,
+    downstream: &mut dyn Downstream,
+    failure: Failure,
+    log: &ConnLog,
+    why: String,
+) {
+    let fd = client.as_raw_fd();
+    match downstream.failed(failure) {
+        Refusal::Reset => socket::set_reset_on_close(fd),
+        Refusal::Close => {}
+        Refusal::Reply(bytes) => reply_and_close(core, fd, &bytes).await,
+    }
+    log.fail(why);
+}
+
+/// Sends what `downstream` has to say once the upstream is established;
+/// false (and logged) if the client could not be told.
+async fn announce(
+    core: &CoreInputs,
+    client: &OwnedFd,
+    downstream: &mut dyn Downstream,
+    upstream: Option<BorrowedFd<'_>>,
+    log: &ConnLog,
+) -> bool {
+    let Some(bytes) = downstream.established(upstream) else {
+        return true;
+    };
+    let write = crate::stream::write_all(&core.poller, client.as_raw_fd(), &bytes);
+    match hbone::with_timeout(core.cfg.handshake_timeout, write).await {
+        Some(Ok(())) => true,
+        Some(Err(e)) => {
+            log.fail(format!("could not tell the client it is connected: {e}"));
+            false
+        }
+        None => {
+            log.fail("could not tell the client it is connected: write timed out");
+            false
+        }
+    }
 }
 
 /// Tunnels the client connection to `target` over HBONE.
@@ -222,6 +391,7 @@ async fn proxy_hbone(
     dst_identity: Identity,
     source: &Workload,
     log: &mut ConnLog,
+    downstream: &mut dyn Downstream,
 ) {
     let fd = client.as_raw_fd();
     let src_identity = source.identity();
@@ -240,11 +410,22 @@ async fn proxy_hbone(
     let stream = match hbone::client::open(core, tunnel).await {
         Ok(s) => s,
         Err(e) => {
-            socket::set_reset_on_close(fd);
-            return log.fail(format!("HBONE: {e}"));
+            let failure = Failure::of_hbone(&e);
+            return refuse(
+                core,
+                &client,
+                downstream,
+                failure,
+                log,
+                format!("HBONE: {e}"),
+            )
+            .await;
         }
     };
     log.hbone_conn = Some(stream.conn_id);
+    if !announce(core, &client, downstream, None, log).await {
+        return;
+    }
     if let Err(e) = socket::tune_stream(&client, core.cfg.connect.keepalive) {
         tracing::debug!(error = %e, "could not tune the downstream socket");
     }
@@ -264,16 +445,24 @@ async fn proxy_hbone(
 }
 
 /// Connects to `upstream` and proxies until both sides are done. Shared
-/// with the inbound passthrough path.
-pub async fn proxy_direct(core: &CoreInputs, client: OwnedFd, upstream: SocketAddr, log: &ConnLog) {
+/// with the inbound passthrough path (which passes [`Transparent`]).
+pub async fn proxy_direct(
+    core: &CoreInputs,
+    client: OwnedFd,
+    upstream: SocketAddr,
+    log: &ConnLog,
+    downstream: &mut dyn Downstream,
+) {
     let server = match socket::connect(&core.poller, upstream, core.cfg.connect).await {
         Ok(s) => s,
         Err(e) => {
-            // The client believes it is connected: tell it the truth with RST.
-            socket::set_reset_on_close(client.as_raw_fd());
-            return log.fail(format!("upstream connect to {upstream} failed: {e}"));
+            let why = format!("upstream connect to {upstream} failed: {e}");
+            return refuse(core, &client, downstream, Failure::of_io(&e), log, why).await;
         }
     };
+    if !announce(core, &client, downstream, Some(server.as_fd()), log).await {
+        return;
+    }
     if let Err(e) = socket::tune_stream(&client, core.cfg.connect.keepalive) {
         tracing::debug!(error = %e, "could not tune the downstream socket");
     }
@@ -284,5 +473,92 @@ pub async fn proxy_direct(core: &CoreInputs, client: OwnedFd, upstream: SocketAd
     match outcome {
         crate::copy::CopyOutcome::Closed => log.finish("closed"),
         other => log.fail(other.describe()),
+    }
+}
+
+/// Sends a final reply (a refusal), bounded by the handshake timeout,
+/// then FIN. What the client already sent is read and dropped, so that
+/// closing with unread data does not turn into an RST that could overtake
+/// the reply.
+pub(crate) async fn reply_and_close(core: &CoreInputs, fd: RawFd, bytes: &[u8]) {
+    let limit = core.cfg.handshake_timeout;
+    let sent =
+        crate::hbone::with_timeout(limit, crate::stream::write_all(&core.poller, fd, bytes)).await;
+    if matches!(sent, Some(Ok(()))) {
+        let _ = socket::shutdown_write(fd);
+        discard_pending(fd);
+    }
+}
+
+/// Reads and drops whatever is already queued (nonblocking, bounded).
+fn discard_pending(fd: RawFd) {
+    let mut scratch = [0u8; 4096];
+    for _ in 0..16 {
+        match socket::read(fd, &mut scratch) {
+            Ok(n) if n > 0 => continue,
+            _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    #[test]
+    fn transparent_clients_are_reset_except_on_loops() {
+        let mut t = Transparent;
+        assert_eq!(t.established(None), None);
+        assert_eq!(t.failed(Failure::Loop), Refusal::Close);
+        for f in [
+            Failure::NotAllowed,
+            Failure::ConnectionRefused,
+            Failure::HostUnreachable,
+            Failure::NetworkUnreachable,
+            Failure::General,
+        ] {
+            assert_eq!(t.failed(f), Refusal::Reset, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn connect_errors_are_classified() {
+        let os = io::Error::from_raw_os_error;
+        assert_eq!(
+            Failure::of_io(&os(libc::ECONNREFUSED)),
+            Failure::ConnectionRefused
+        );
+        assert_eq!(
+            Failure::of_io(&os(libc::EHOSTUNREACH)),
+            Failure::HostUnreachable
+        );
+        assert_eq!(
+            Failure::of_io(&io::Error::from(io::ErrorKind::TimedOut)),
+            Failure::HostUnreachable
+        );
+        assert_eq!(
+            Failure::of_io(&os(libc::ENETUNREACH)),
+            Failure::NetworkUnreachable
+        );
+        assert_eq!(Failure::of_io(&os(libc::EMFILE)), Failure::General);
+        let addr: SocketAddr = "10.0.0.1:15008".parse().unwrap();
+        use hbone::client::HboneError as E;
+        assert_eq!(
+            Failure::of_hbone(&E::ConnectTimeout(addr)),
+            Failure::HostUnreachable
+        );
+        assert_eq!(
+            Failure::of_hbone(&E::Status(addr, http::StatusCode::SERVICE_UNAVAILABLE)),
+            Failure::HostUnreachable
+        );
+        assert_eq!(
+            Failure::of_hbone(&E::Status(addr, http::StatusCode::FORBIDDEN)),
+            Failure::NotAllowed
+        );
+        assert_eq!(
+            Failure::of_hbone(&E::Tls(addr, "x".into())),
+            Failure::General
+        );
     }
 }

@@ -96,6 +96,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
                 crate::inbound_passthrough::serve(core, conn, log).await
             }
             TrafficPath::Inbound => crate::hbone::server::serve(core, conn, log).await,
+            TrafficPath::Socks5 => crate::socks5::serve(core, conn, log).await,
         }
     };
     let deadline = async move {

@@ -271,3 +271,47 @@ fn drain_deadline_closes_lingering_connections() {
         "{logs:#?}"
     );
 }
+
+#[test]
+fn too_little_locked_memory_fails_fast_with_a_clear_message() {
+    common::require_root();
+    // An unprivileged user with a 64 KiB memlock limit: glommio would only
+    // report this at join; ringway must refuse at startup and say why.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    // The build tree may sit where that user cannot reach (e.g. /root).
+    let bin = dir.path().join("ringway");
+    std::fs::copy(common::ringway_bin(), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = format!(
+        "ulimit -l 64 && exec {} --outbound-addr 127.0.0.1:0 --inbound-passthrough-addr 127.0.0.1:0 --inbound-addr 127.0.0.1:0 --ca-dir {}/ca",
+        bin.display(),
+        dir.path().display()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "must not start: {text}");
+    assert!(
+        text.contains("RLIMIT_MEMLOCK"),
+        "the error must name the limit: {text}"
+    );
+}

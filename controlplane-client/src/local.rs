@@ -139,8 +139,8 @@ fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
         } => (
             format!("workloads[{second}] (uid {second_uid:?})"),
             format!(
-                "address {ip} on network {network:?} is already used by workloads[{first}] \
-                 (uid {first_uid:?})"
+                "address {ip} on network {network:?} is already used by {} (uid {first_uid:?})",
+                list_item("workloads", first)
             ),
         ),
         SnapshotError::DuplicateServiceVip {
@@ -153,8 +153,8 @@ fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
         } => (
             format!("services[{second}] ({second_key:?})"),
             format!(
-                "VIP {ip} on network {network:?} is already used by services[{first}] \
-                 ({first_key:?})"
+                "VIP {ip} on network {network:?} is already used by {} ({first_key:?})",
+                list_item("services", first)
             ),
         ),
         SnapshotError::VipIsWorkloadAddress {
@@ -165,14 +165,23 @@ fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
             workload,
             workload_uid,
         } => (
-            format!("services[{service}] ({service_key:?})"),
+            format!("{} ({service_key:?})", list_item("services", service)),
             format!(
-                "VIP {ip} on network {network:?} is the address of workloads[{workload}] \
-                 (uid {workload_uid:?})"
+                "VIP {ip} on network {network:?} is the address of {} (uid {workload_uid:?})",
+                list_item("workloads", workload)
             ),
         ),
     };
     ConfigError::invalid(origin, item, message)
+}
+
+/// "workloads[3]". `None` (an item already in the snapshot a delta applies
+/// to) never comes from [`load_snapshot`], which builds from scratch.
+fn list_item(list: &str, pos: Option<usize>) -> String {
+    match pos {
+        Some(i) => format!("{list}[{i}]"),
+        None => format!("an existing item of {list}"),
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -86,6 +86,8 @@ pub enum CaError {
     Validity(String),
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error("invalid certificate signing request: {0}")]
+    Csr(String),
 }
 
 /// A workload certificate fresh from the CA, in PEM.
@@ -309,14 +311,7 @@ impl BuiltinCa {
     /// Signs a fresh key for `id`, valid from a minute ago
     /// ([`CLOCK_SKEW_ALLOWANCE`]) until `validity` from now.
     pub fn issue(&self, id: &Identity, validity: Duration) -> Result<IssuedCert, CaError> {
-        if validity.is_zero() {
-            return Err(CaError::Validity("the validity must not be zero".into()));
-        }
-        let now = SystemTime::now();
-        let not_before = now.checked_sub(CLOCK_SKEW_ALLOWANCE).unwrap_or(now);
-        let not_after = now
-            .checked_add(validity)
-            .ok_or_else(|| CaError::Validity(format!("{validity:?} is too long")))?;
+        let (not_before, not_after) = validity_from_now(validity)?;
         self.issue_with_validity(id, not_before, not_after)
     }
 
@@ -328,6 +323,62 @@ impl BuiltinCa {
         not_before: SystemTime,
         not_after: SystemTime,
     ) -> Result<IssuedCert, CaError> {
+        let (params, not_before, not_after) = self.leaf_params(id, not_before, not_after)?;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let leaf = params.signed_by(&key, &self.issuer)?;
+        let mut chain_pem = Vec::with_capacity(1 + self.intermediates_pem.len());
+        chain_pem.push(leaf.pem());
+        chain_pem.extend(self.intermediates_pem.iter().cloned());
+        Ok(IssuedCert {
+            identity: id.clone(),
+            key_pem: key.serialize_pem(),
+            chain_pem,
+            root_pem: self.roots_pem.clone(),
+            not_before,
+            not_after,
+        })
+    }
+
+    /// Signs a workload's PKCS#10 request (PEM), as istiod's
+    /// `CreateCertificate` does, valid from a minute ago until `validity`
+    /// from now. Returns the chain the way istiod answers: the leaf first,
+    /// then the intermediates, then each root as its own element.
+    ///
+    /// The request's signature must verify (proof that the requester holds
+    /// the key), its key must be EC P-256/P-384 or RSA (2048 bits or more),
+    /// and it must carry exactly one `spiffe://` URI SAN, an identity in this
+    /// CA's trust domain. Nothing else from the request is used: the subject,
+    /// other SANs and requested extensions are ignored, and the certificate
+    /// gets the same profile as [`issue`](Self::issue).
+    ///
+    /// `requested`, when given, is the identity to certify instead of the
+    /// request's own SAN: like istiod, which names the authenticated (or
+    /// impersonated) identity and never takes the identity from the CSR.
+    /// Deciding whether the caller may have it is the caller's business.
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        requested: Option<&Identity>,
+        validity: Duration,
+    ) -> Result<Vec<String>, CaError> {
+        let csr = parse_csr(csr_pem)?;
+        self.check_identity(&csr.identity)?;
+        let id = requested.unwrap_or(&csr.identity);
+        if *id != csr.identity {
+            tracing::debug!(csr = %csr.identity, signing = %id, "signing a CSR for another identity than its SAN");
+        }
+        let (not_before, not_after) = validity_from_now(validity)?;
+        let (params, _, _) = self.leaf_params(id, not_before, not_after)?;
+        let leaf = params.signed_by(&csr.key, &self.issuer)?;
+        let mut chain = Vec::with_capacity(1 + self.intermediates_pem.len() + self.roots.len());
+        chain.push(leaf.pem());
+        chain.extend(self.intermediates_pem.iter().cloned());
+        chain.extend(self.roots.iter().map(|r| der_to_pem("CERTIFICATE", r)));
+        Ok(chain)
+    }
+
+    /// `id` must be a valid identity in our trust domain.
+    fn check_identity(&self, id: &Identity) -> Result<(), CaError> {
         id.validate().map_err(|source| CaError::Identity {
             identity: id.to_string(),
             source,
@@ -338,6 +389,18 @@ impl BuiltinCa {
                 identity: id.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// The workload-certificate profile for `id` (checked), and the bounds
+    /// as they will be stored (whole seconds).
+    fn leaf_params(
+        &self,
+        id: &Identity,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<(CertificateParams, SystemTime, SystemTime), CaError> {
+        self.check_identity(id)?;
         let (not_before, nb) = to_x509_time(not_before)?;
         let (not_after, na) = to_x509_time(not_after)?;
         if not_after <= not_before {
@@ -362,21 +425,141 @@ impl BuiltinCa {
         params.serial_number = Some(random_serial()?);
         params.not_before = nb;
         params.not_after = na;
-
-        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let leaf = params.signed_by(&key, &self.issuer)?;
-        let mut chain_pem = Vec::with_capacity(1 + self.intermediates_pem.len());
-        chain_pem.push(leaf.pem());
-        chain_pem.extend(self.intermediates_pem.iter().cloned());
-        Ok(IssuedCert {
-            identity: id.clone(),
-            key_pem: key.serialize_pem(),
-            chain_pem,
-            root_pem: self.roots_pem.clone(),
-            not_before,
-            not_after,
-        })
+        Ok((params, not_before, not_after))
     }
+}
+
+/// From [`CLOCK_SKEW_ALLOWANCE`] ago until `validity` from now.
+fn validity_from_now(validity: Duration) -> Result<(SystemTime, SystemTime), CaError> {
+    if validity.is_zero() {
+        return Err(CaError::Validity("the validity must not be zero".into()));
+    }
+    let now = SystemTime::now();
+    let not_before = now.checked_sub(CLOCK_SKEW_ALLOWANCE).unwrap_or(now);
+    let not_after = now
+        .checked_add(validity)
+        .ok_or_else(|| CaError::Validity(format!("{validity:?} is too long")))?;
+    Ok((not_before, not_after))
+}
+
+/// What [`BuiltinCa::sign_csr`] takes from a request.
+struct ParsedCsr {
+    identity: Identity,
+    key: CsrPublicKey,
+}
+
+/// The requester's public key, in the form rcgen signs.
+struct CsrPublicKey {
+    /// The subjectPublicKey bits.
+    raw: Vec<u8>,
+    /// Only its key-algorithm identifier is used (for the SubjectPublicKeyInfo).
+    alg: &'static rcgen::SignatureAlgorithm,
+}
+
+impl rcgen::PublicKeyData for CsrPublicKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.raw
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.alg
+    }
+}
+
+const MIN_RSA_BITS: usize = 2048;
+
+/// Parses and checks a PEM PKCS#10 request; see [`BuiltinCa::sign_csr`].
+fn parse_csr(csr_pem: &str) -> Result<ParsedCsr, CaError> {
+    use x509_parser::certification_request::X509CertificationRequest;
+    use x509_parser::extensions::{GeneralName, ParsedExtension};
+    use x509_parser::oid_registry::{
+        OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
+    };
+    use x509_parser::prelude::FromDer;
+    use x509_parser::public_key::PublicKey;
+
+    let bad = |reason: String| CaError::Csr(reason);
+    let block = pem::parse(csr_pem).map_err(|e| bad(format!("bad PEM: {e}")))?;
+    if !matches!(
+        block.tag(),
+        "CERTIFICATE REQUEST" | "NEW CERTIFICATE REQUEST"
+    ) {
+        return Err(bad(format!(
+            "expected a CERTIFICATE REQUEST PEM block, found {:?}",
+            block.tag()
+        )));
+    }
+    let (_, csr) = X509CertificationRequest::from_der(block.contents())
+        .map_err(|e| bad(format!("unparsable: {e}")))?;
+    csr.verify_signature()
+        .map_err(|e| bad(format!("its signature does not verify: {e}")))?;
+
+    let spki = &csr.certification_request_info.subject_pki;
+    let alg_oid = &spki.algorithm.algorithm;
+    let alg: &'static rcgen::SignatureAlgorithm = if *alg_oid == OID_KEY_TYPE_EC_PUBLIC_KEY {
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| p.as_oid().ok());
+        match curve {
+            Some(c) if c == OID_EC_P256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            Some(c) if c == OID_NIST_EC_P384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+            other => {
+                return Err(bad(format!(
+                    "unsupported elliptic curve {}",
+                    other.map_or_else(|| "(none)".to_owned(), |c| c.to_id_string())
+                )))
+            }
+        }
+    } else if *alg_oid == OID_PKCS1_RSAENCRYPTION {
+        let bits = match spki.parsed() {
+            Ok(PublicKey::RSA(rsa)) => rsa.key_size(),
+            _ => return Err(bad("unparsable RSA public key".into())),
+        };
+        if bits < MIN_RSA_BITS {
+            return Err(bad(format!(
+                "a {bits}-bit RSA key is too weak (at least {MIN_RSA_BITS})"
+            )));
+        }
+        &rcgen::PKCS_RSA_SHA256
+    } else {
+        return Err(bad(format!(
+            "unsupported key algorithm {} (EC P-256/P-384 or RSA)",
+            alg_oid.to_id_string()
+        )));
+    };
+
+    let mut spiffe = Vec::new();
+    for ext in csr.requested_extensions().into_iter().flatten() {
+        if let ParsedExtension::SubjectAlternativeName(san) = ext {
+            spiffe.extend(san.general_names.iter().filter_map(|name| match name {
+                GeneralName::URI(uri) if uri.starts_with("spiffe://") => Some(*uri),
+                _ => None,
+            }));
+        }
+    }
+    let uri = match spiffe.as_slice() {
+        [one] => *one,
+        [] => return Err(bad("no spiffe:// URI SAN".into())),
+        many => {
+            return Err(bad(format!(
+                "{} spiffe:// URI SANs; exactly one is allowed",
+                many.len()
+            )))
+        }
+    };
+    let identity: Identity = uri.parse().map_err(|source| CaError::Identity {
+        identity: uri.to_owned(),
+        source,
+    })?;
+    Ok(ParsedCsr {
+        identity,
+        key: CsrPublicKey {
+            raw: spki.subject_public_key.data.to_vec(),
+            alg,
+        },
+    })
 }
 
 /// Writes `key.pem` (0600), `cert.pem` (the leaf), `cert-chain.pem` (leaf and
@@ -1207,5 +1390,110 @@ mod tests {
                 String::from_utf8_lossy(&output.stdout)
             );
         }
+    }
+
+    fn csr_for(key: &KeyPair, sans: &[&str], as_ca: bool) -> String {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "ignored");
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| SanType::URI((*s).try_into().unwrap()))
+            .collect();
+        if as_ca {
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        }
+        params.serialize_request(key).unwrap().pem().unwrap()
+    }
+
+    #[test]
+    fn signs_csrs_with_our_profile_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = BuiltinCa::load_or_create(tmp.path(), TD).unwrap();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        // The request asks to be a CA and has a subject: both ignored.
+        let csr = csr_for(&key, &["spiffe://cluster.local/ns/a/sa/b"], true);
+        let validity = Duration::from_secs(600);
+        let chain = ca.sign_csr(&csr, None, validity).unwrap();
+        assert_eq!(chain.len(), 2, "leaf and root");
+        assert_eq!(chain[1], ca.roots_pem());
+
+        let der = crate::tls::parse_certs(&chain[0], "leaf").unwrap();
+        let (_, leaf) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
+        assert!(!leaf.is_ca());
+        assert_eq!(leaf.subject().iter().count(), 0);
+        assert_eq!(
+            leaf.public_key().subject_public_key.data.as_ref(),
+            key.public_key_raw()
+        );
+        assert_eq!(crate::tls::peer_identity(&der).unwrap(), id("a", "b"));
+        let (_, not_after) = validity_of(&leaf);
+        let left = not_after.duration_since(SystemTime::now()).unwrap();
+        assert!(
+            left <= validity && left >= validity - Duration::from_secs(2),
+            "{left:?}"
+        );
+        let issued = IssuedCert {
+            identity: id("a", "b"),
+            key_pem: key.serialize_pem(),
+            chain_pem: vec![chain[0].clone()],
+            root_pem: chain[1].clone(),
+            not_before: SystemTime::now(),
+            not_after,
+        };
+        verify_issued(&issued).unwrap();
+
+        // An identity given by the caller wins over the request's SAN.
+        let chain = ca.sign_csr(&csr, Some(&id("x", "y")), validity).unwrap();
+        let der = crate::tls::parse_certs(&chain[0], "leaf").unwrap();
+        assert_eq!(crate::tls::peer_identity(&der).unwrap(), id("x", "y"));
+        let err = ca
+            .sign_csr(&csr, Some(&Identity::new("other.td", "x", "y")), validity)
+            .unwrap_err();
+        assert!(matches!(err, CaError::ForeignTrustDomain { .. }), "{err}");
+    }
+
+    #[test]
+    fn refuses_bad_csrs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = BuiltinCa::load_or_create(tmp.path(), TD).unwrap();
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let day = DEFAULT_CERT_VALIDITY;
+        let refuse = |csr: &str| ca.sign_csr(csr, None, day).unwrap_err().to_string();
+
+        let err = refuse(&csr_for(&key, &[], false));
+        assert!(err.contains("no spiffe:// URI SAN"), "{err}");
+        let err = refuse(&csr_for(
+            &key,
+            &[
+                "spiffe://cluster.local/ns/a/sa/b",
+                "spiffe://cluster.local/ns/c/sa/d",
+            ],
+            false,
+        ));
+        assert!(err.contains("2 spiffe:// URI SANs"), "{err}");
+        let err = refuse(&csr_for(&key, &["spiffe://other.td/ns/a/sa/b"], false));
+        assert!(err.contains("signs for trust domain"), "{err}");
+        let err = refuse(&csr_for(&key, &["spiffe://cluster.local/ns/a/b"], false));
+        assert!(err.contains("refusing to sign"), "{err}");
+        let err = refuse(ca.roots_pem());
+        assert!(err.contains("expected a CERTIFICATE REQUEST"), "{err}");
+        let err = refuse("garbage");
+        assert!(err.contains("bad PEM"), "{err}");
+
+        // A flipped bit in the signature.
+        let good = csr_for(&key, &["spiffe://cluster.local/ns/a/sa/b"], false);
+        let mut der = pem::parse(&good).unwrap().into_contents();
+        *der.last_mut().unwrap() ^= 1;
+        let err = refuse(&der_to_pem("CERTIFICATE REQUEST", &der));
+        assert!(err.contains("signature does not verify"), "{err}");
+
+        // A P-384 key is fine too.
+        let key384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let csr = csr_for(&key384, &["spiffe://cluster.local/ns/a/sa/b"], false);
+        ca.sign_csr(&csr, None, day).unwrap();
     }
 }

@@ -1,15 +1,19 @@
 //! The certificates the cores use: an immutable [`CertSnapshot`] of ready-built
 //! TLS configs per local identity, handed over like the configuration
 //! snapshot ([`CertPublisher`] on the control thread, [`CertFeed`] on the
-//! cores), and the built-in certificate manager that keeps it filled from a
-//! [`BuiltinCa`].
+//! cores), plus the helpers around it: startup issuance ([`issue_all`]),
+//! which identities a node needs ([`wanted_identities`]), when to renew
+//! ([`refresh_at`]) and the built-in CA's manager
+//! ([`run_builtin_cert_manager`], a [`CertManager`] over a [`BuiltinCa`];
+//! see [`crate::certmanager`]).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
+use crate::certmanager::{BuiltinCaSource, CertManager, CertManagerConfig};
 use crate::identity::Identity;
 use crate::publish::{sealed, Feed, Published, Publisher};
 use crate::snapshot::Snapshot;
@@ -160,163 +164,29 @@ pub fn refresh_at(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
     start + lifetime / 2
 }
 
-/// Never re-issue one identity more often than this.
-const MIN_REISSUE_INTERVAL: Duration = Duration::from_secs(1);
-const FIRST_RETRY: Duration = Duration::from_secs(1);
-const MAX_RETRY: Duration = Duration::from_secs(150);
-
-/// The embedded-default certificate manager (tokio, control thread): keeps
-/// `certs` holding configs for exactly the identities that
-/// [`wanted_identities`] gives for the current workload snapshot. It issues
-/// missing ones, drops unneeded ones, re-issues each at half its lifetime
-/// ([`refresh_at`]), and publishes a new [`CertSnapshot`] whenever anything
-/// changed. Failed issuance is retried with backoff (a still-valid
-/// certificate is kept meanwhile); identities the CA refuses outright (bad
-/// SPIFFE ID, foreign trust domain) are logged once and skipped. Certificates
-/// already in `certs` (e.g. from [`issue_all`]) are reused. Returns when the
-/// workload feed closes.
+/// The built-in certificate manager: a [`CertManager`] over the built-in CA
+/// ([`BuiltinCaSource`], `validity` long) prefetching the identities of the
+/// workloads on `node` (all workloads when `None`). Certificates already in
+/// `certs` (e.g. from [`issue_all`]) are adopted; identities that leave the
+/// node are dropped; each is re-issued at half its lifetime; failures back
+/// off while a still-valid certificate is kept. Returns when the workload
+/// feed closes. Cores have no way to ask this one for certificates; build
+/// the [`CertManager`] directly for that.
 pub async fn run_builtin_cert_manager(
     ca: Arc<BuiltinCa>,
-    mut workloads: SnapshotFeed,
+    workloads: SnapshotFeed,
     certs: CertPublisher,
     node: Option<String>,
     validity: Duration,
 ) {
-    let mut state = ManagerState::default();
-    loop {
-        let wanted = wanted_identities(&workloads.current(), node.as_deref());
-        let next_wake = state.reconcile(&ca, &wanted, &certs, validity);
-        let sleep = next_wake.map(|at| {
-            at.duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-        });
-        tokio::select! {
-            changed = workloads.changed() => {
-                if changed.is_err() {
-                    tracing::info!("workload feed closed; certificate manager stops");
-                    return;
-                }
-            }
-            _ = sleep_or_forever(sleep) => {}
-        }
-    }
-}
-
-async fn sleep_or_forever(duration: Option<Duration>) {
-    match duration {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
-    }
-}
-
-#[derive(Default)]
-struct ManagerState {
-    /// When we last issued each identity (guards against re-issue loops).
-    issued_at: HashMap<Identity, SystemTime>,
-    /// Transient failures: when to retry and the delay after that.
-    retry: HashMap<Identity, (SystemTime, Duration)>,
-    /// Identities the CA will never sign; logged once.
-    refused: HashSet<Identity>,
-}
-
-impl ManagerState {
-    /// One pass: issue, re-issue, drop, publish if anything changed. Returns
-    /// when the next pass is due, if ever (without workload changes).
-    fn reconcile(
-        &mut self,
-        ca: &BuiltinCa,
-        wanted: &BTreeSet<Identity>,
-        certs: &CertPublisher,
-        validity: Duration,
-    ) -> Option<SystemTime> {
-        let current = certs.current();
-        let mut next: HashMap<Identity, Arc<TlsConfigs>> = HashMap::with_capacity(wanted.len());
-        let mut changed = false;
-        let mut wake: Option<SystemTime> = None;
-        let mut wake_at = |t: SystemTime| wake = Some(wake.map_or(t, |w| w.min(t)));
-
-        for id in wanted {
-            let now = SystemTime::now();
-            let existing = current.get(id);
-            let due_at = existing.map(|c| {
-                let refresh = refresh_at(c.not_before, c.not_after);
-                match self.issued_at.get(id) {
-                    Some(&at) => refresh.max(at + MIN_REISSUE_INTERVAL),
-                    None => refresh,
-                }
-            });
-            let retry_at = self.retry.get(id).map(|&(at, _)| at);
-            let keep = |next: &mut HashMap<_, _>| {
-                if let Some(c) = existing {
-                    next.insert(id.clone(), c.clone());
-                }
-            };
-            if self.refused.contains(id) {
-                changed |= existing.is_some();
-                continue;
-            }
-            if let Some(due) = due_at.filter(|&due| due > now) {
-                keep(&mut next);
-                wake_at(due);
-                continue;
-            }
-            if let Some(retry) = retry_at.filter(|&at| at > now) {
-                keep(&mut next);
-                wake_at(retry);
-                continue;
-            }
-            match issue_configs(ca, id, validity) {
-                Ok(c) => {
-                    log_issued(&c);
-                    self.issued_at.insert(id.clone(), now);
-                    self.retry.remove(id);
-                    wake_at(refresh_at(c.not_before, c.not_after).max(now + MIN_REISSUE_INTERVAL));
-                    next.insert(id.clone(), c);
-                    changed = true;
-                }
-                Err(CertError::Issue(
-                    e @ (CaError::Identity { .. } | CaError::ForeignTrustDomain { .. }),
-                )) => {
-                    tracing::warn!(identity = %id, error = %e, "not issuing a certificate for this identity");
-                    self.refused.insert(id.clone());
-                    changed |= existing.is_some();
-                }
-                Err(e) => {
-                    let delay = self.retry.get(id).map_or(FIRST_RETRY, |&(_, d)| d);
-                    tracing::warn!(identity = %id, error = %e, retry_in = ?delay, "certificate issuance failed");
-                    self.retry
-                        .insert(id.clone(), (now + delay, (delay * 2).min(MAX_RETRY)));
-                    wake_at(now + delay);
-                    match existing {
-                        Some(c) if c.not_after > now => keep(&mut next),
-                        Some(_) => changed = true,
-                        None => {}
-                    }
-                }
-            }
-        }
-
-        for id in current.identities() {
-            if !wanted.contains(id) {
-                tracing::info!(identity = %id, "dropping certificate: no local workload uses it");
-                changed = true;
-            }
-        }
-        self.issued_at.retain(|id, _| wanted.contains(id));
-        self.retry.retain(|id, _| wanted.contains(id));
-        self.refused.retain(|id| wanted.contains(id));
-
-        if changed {
-            let snapshot = CertSnapshot {
-                version: 0,
-                configs: next,
-            };
-            let count = snapshot.len();
-            let version = certs.publish(snapshot);
-            tracing::debug!(version, identities = count, "published certificates");
-        }
-        wake
-    }
+    let source = Arc::new(BuiltinCaSource::new(ca, validity));
+    let config = CertManagerConfig {
+        node,
+        ..CertManagerConfig::default()
+    };
+    CertManager::new(source, workloads, certs, config)
+        .run()
+        .await
 }
 
 fn log_issued(c: &TlsConfigs) {

@@ -22,17 +22,21 @@
 //! them the same way.
 
 pub mod ca;
+pub mod caclient;
+pub mod certmanager;
 pub mod certs;
+pub mod devcp;
 pub mod identity;
 pub mod local;
 pub mod model;
 pub mod publish;
 pub mod snapshot;
 pub mod tls;
+pub mod xds;
 
 pub use ca::{BuiltinCa, CaError, IssuedCert};
 pub use certs::{CertFeed, CertPublisher, CertSnapshot};
 pub use identity::{Identity, IdentityError};
 pub use publish::{Closed, Feed, Publisher, SnapshotFeed, SnapshotGuard, SnapshotPublisher};
-pub use snapshot::{Snapshot, SnapshotError};
+pub use snapshot::{DeltaOutcome, Rejected, Snapshot, SnapshotDelta, SnapshotError};
 pub use tls::{build_tls_configs, peer_identity, TlsConfigs, TlsError, WorkloadCert};

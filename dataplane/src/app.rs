@@ -1,28 +1,32 @@
 //! Wiring for the `ringway` binary: load the config, bind listeners, start
-//! the control thread (config watch, signals) and the per-core executors,
-//! then wait for them to drain and stop.
+//! the control thread ([`crate::control`]) and the per-core executors, then
+//! wait for them to drain and stop.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use ringway_controlplane::ca::BuiltinCa;
+use ringway_controlplane::caclient::CaClientConfig;
 use ringway_controlplane::certs::{self, CertPublisher};
+use ringway_controlplane::xds::{on_demand_channel, NodeInfo, OnDemandSender, XdsConfig};
 use ringway_controlplane::{local, SnapshotPublisher};
 use tokio::sync::watch;
 
 use crate::config::{allowed_cpus, format_cpus, plan_cores, Args, ProxyConfig};
+use crate::control::{CertSourceKind, ConfigSource, Control};
 use crate::listeners::{bind_all, SelfAddrs, TrafficPath};
-use crate::runtime::{check_memlock, raise_nofile, start_cores, CoreSeed};
+use crate::runtime::{check_memlock, raise_nofile, start_cores, ControlHandles, CoreSeed};
 use crate::socket;
 
 /// SIGTERM/SIGINT must reach the control thread only: delivered to a core
 /// thread they would interrupt its io_uring calls (EINTR) for nothing.
 /// Threads inherit the mask, so block here before any thread starts; the
 /// control thread unblocks them for itself.
-fn set_termination_signals_blocked(blocked: bool) {
+pub(crate) fn set_termination_signals_blocked(blocked: bool) {
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
@@ -41,43 +45,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     set_termination_signals_blocked(true);
     let cfg = ProxyConfig::from_args(&args);
 
-    // Config first: an invalid file must stop startup with a clear message.
+    // Config first: an invalid local file must stop startup clearly.
     let publisher = SnapshotPublisher::new();
-    let snapshot = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read config file {}", path.display()))?;
-            local::load_snapshot(&text, &path.display().to_string()).map_err(|e| anyhow!("{e}"))?
+    let (on_demand_tx, source) = config_source(&args, &publisher)?;
+
+    // Certificates. With the built-in CA, this node's certificates exist
+    // before any core runs; with an external CA they are fetched by the
+    // manager (prefetch) or on first use (urgent), failing closed meanwhile.
+    let cert_publisher = CertPublisher::new();
+    let cert_source = match &args.ca_address {
+        Some(addr) => {
+            let mut ca = CaClientConfig::new(addr.clone());
+            ca.root_cert = args.ca_root_ca.clone();
+            ca.token_file = args.auth_token.clone();
+            ca.cluster_id = args.cluster_id.clone();
+            ca.validity = args.cert_ttl;
+            CertSourceKind::IstioCa(Box::new(ca))
         }
         None => {
-            tracing::info!(
-                "no --config given: using the embedded default config (examples/local.yaml)"
+            let ca = Arc::new(
+                BuiltinCa::load_or_create(&args.ca_dir, &args.trust_domain)
+                    .with_context(|| format!("built-in CA in {}", args.ca_dir.display()))?,
             );
-            local::load_snapshot(local::EXAMPLE_CONFIG, "embedded examples/local.yaml")
-                .map_err(|e| anyhow!("{e}"))?
+            let needed = certs::wanted_identities(&publisher.current(), args.node_name.as_deref());
+            cert_publisher.publish(
+                certs::issue_all(&ca, needed, args.cert_ttl)
+                    .context("issuing workload certificates")?,
+            );
+            CertSourceKind::Builtin {
+                ca,
+                ttl: args.cert_ttl,
+            }
         }
     };
-    publisher.publish(snapshot);
-    {
-        let snap = publisher.current();
-        tracing::info!(
-            workloads = snap.workloads().count(),
-            services = snap.services().count(),
-            policies = snap.policies().count(),
-            "config loaded"
-        );
-    }
-
-    // Certificates before cores: a core must never serve HBONE without them.
-    let ca = Arc::new(
-        BuiltinCa::load_or_create(&args.ca_dir, &args.trust_domain)
-            .with_context(|| format!("built-in CA in {}", args.ca_dir.display()))?,
-    );
-    let cert_publisher = CertPublisher::new();
-    let needed = certs::wanted_identities(&publisher.current(), args.node_name.as_deref());
-    cert_publisher.publish(
-        certs::issue_all(&ca, needed, args.cert_ttl).context("issuing workload certificates")?,
-    );
 
     let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), !args.no_pin)?;
     check_memlock()?;
@@ -102,19 +102,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ports: bound.iter().map(|(_, a)| a.port()).collect(),
         local_ips: socket::local_interface_addrs(),
     };
+    let readiness = std::net::TcpListener::bind(args.readiness_addr).with_context(|| {
+        format!(
+            "cannot bind the readiness endpoint on {}",
+            args.readiness_addr
+        )
+    })?;
+    readiness.set_nonblocking(true)?;
+    let readiness_addr = readiness.local_addr()?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    start_control_thread(
-        &args,
-        publisher.clone(),
-        ControlCerts {
-            ca,
-            publisher: cert_publisher.clone(),
-        },
-        shutdown_tx,
-        cfg.drain_timeout,
-    )?;
+    let cores_ready = Arc::new(AtomicBool::new(false));
+    let started = Control {
+        source,
+        certs: cert_source,
+        snapshots: publisher.clone(),
+        cert_publisher: cert_publisher.clone(),
+        node: args.node_name.clone(),
+        readiness,
+        cores_ready: cores_ready.clone(),
+        shutdown: shutdown_tx,
+        drain: cfg.drain_timeout,
+        pin: args.control_core,
+    }
+    .start()?;
 
+    let control = ControlHandles {
+        snapshot_feed: publisher.subscribe(),
+        cert_feed: cert_publisher.subscribe(),
+        cert_requests: Some(started.cert_requests),
+        on_demand: on_demand_tx,
+    };
     let seeds = per_core
         .into_iter()
         .enumerate()
@@ -124,11 +142,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             listeners,
             feed: publisher.subscribe(),
             cert_feed: cert_publisher.subscribe(),
+            control: control.clone(),
             shutdown: shutdown_rx.clone(),
             self_addrs: self_addrs.clone(),
         })
         .collect();
     let handles = start_cores(&plan, seeds)?;
+    cores_ready.store(true, Ordering::Release);
 
     let mut by_path: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (path, addr) in &bound {
@@ -137,6 +157,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .or_default()
             .push(addr.to_string());
     }
+    by_path
+        .entry("readiness")
+        .or_default()
+        .push(readiness_addr.to_string());
     if let Some(file) = &args.bound_addrs_file {
         let json = serde_json::json!({ "listeners": by_path, "cores": plan.cpus.len(), "pid": std::process::id() });
         std::fs::write(file, json.to_string())
@@ -171,6 +195,71 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The config source from the flags: xDS when --xds-address is set
+/// (snapshots arrive later), else the local file or the embedded default,
+/// loaded and published now.
+fn config_source(
+    args: &Args,
+    publisher: &SnapshotPublisher,
+) -> anyhow::Result<(Option<OnDemandSender>, ConfigSource)> {
+    if let Some(addr) = &args.xds_address {
+        let mut node = NodeInfo::from_env();
+        if let Some(n) = &args.node_name {
+            node.node_name = n.clone();
+        }
+        let mut cfg = XdsConfig::new(addr.clone(), node);
+        cfg.root_ca = args.xds_root_ca.clone();
+        cfg.token_path = args.auth_token.clone();
+        cfg.cluster_id = args.cluster_id.clone();
+        cfg.on_demand = args.xds_on_demand;
+        cfg.validate()
+            .map_err(|e| anyhow!("xDS configuration: {e}"))?;
+        let (tx, rx) = if args.xds_on_demand {
+            let (tx, rx) = on_demand_channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        tracing::info!(address = %addr, on_demand = args.xds_on_demand, "config from xDS");
+        return Ok((
+            tx,
+            ConfigSource::Xds {
+                cfg: Box::new(cfg),
+                on_demand: rx,
+            },
+        ));
+    }
+    let snapshot = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read config file {}", path.display()))?;
+            local::load_snapshot(&text, &path.display().to_string()).map_err(|e| anyhow!("{e}"))?
+        }
+        None => {
+            tracing::info!(
+                "no --config given: using the embedded default config (examples/local.yaml)"
+            );
+            local::load_snapshot(local::EXAMPLE_CONFIG, "embedded examples/local.yaml")
+                .map_err(|e| anyhow!("{e}"))?
+        }
+    };
+    publisher.publish(snapshot);
+    let snap = publisher.current();
+    tracing::info!(
+        workloads = snap.workloads().count(),
+        services = snap.services().count(),
+        policies = snap.policies().count(),
+        "config loaded"
+    );
+    Ok((
+        None,
+        ConfigSource::Local {
+            path: args.config.clone(),
+            poll: args.config_poll_interval,
+        },
+    ))
+}
+
 /// `ringway cert issue`: mint a certificate from the built-in CA.
 pub fn issue_cert(spiffe_id: &str, ca_dir: &Path, out: &Path, ttl: Duration) -> anyhow::Result<()> {
     let cert = ringway_controlplane::ca::issue_to_dir(ca_dir, spiffe_id, out, ttl)
@@ -190,78 +279,4 @@ fn humantime_utc(t: std::time::SystemTime) -> String {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     format!("unix {secs}")
-}
-
-/// What the control thread needs to keep certificates fresh.
-struct ControlCerts {
-    ca: Arc<BuiltinCa>,
-    publisher: CertPublisher,
-}
-
-/// The control thread: a current-thread tokio runtime that owns the config
-/// watcher, the certificate manager and the signal handlers. Returns once
-/// the handlers are installed, so a SIGTERM right after startup drains
-/// instead of killing.
-fn start_control_thread(
-    args: &Args,
-    publisher: SnapshotPublisher,
-    certs: ControlCerts,
-    shutdown: watch::Sender<bool>,
-    drain: Duration,
-) -> anyhow::Result<()> {
-    let config_path = args.config.clone();
-    let poll = args.config_poll_interval;
-    let node = args.node_name.clone();
-    let ttl = args.cert_ttl;
-    let (installed_tx, installed_rx) = mpsc::channel::<anyhow::Result<()>>();
-    std::thread::Builder::new()
-        .name("ringway-control".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = installed_tx.send(Err(anyhow!("cannot start the control runtime: {e}")));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                use tokio::signal::unix::{signal, SignalKind};
-                let (mut term, mut int) = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-                    (Ok(t), Ok(i)) => (t, i),
-                    (Err(e), _) | (_, Err(e)) => {
-                        let _ = installed_tx.send(Err(anyhow!("cannot install signal handlers: {e}")));
-                        return;
-                    }
-                };
-                // Handlers first, then unblock: a SIGTERM that arrived
-                // during startup is pending and now drains instead of killing.
-                set_termination_signals_blocked(false);
-                let _ = installed_tx.send(Ok(()));
-                tokio::spawn(certs::run_builtin_cert_manager(
-                    certs.ca,
-                    publisher.subscribe(),
-                    certs.publisher,
-                    node,
-                    ttl,
-                ));
-                if let Some(path) = config_path {
-                    tokio::spawn(local::watch_file(path, poll, publisher));
-                }
-                tokio::select! {
-                    _ = term.recv() => tracing::info!(?drain, "SIGTERM: no longer accepting; draining open connections"),
-                    _ = int.recv() => tracing::info!(?drain, "SIGINT: no longer accepting; draining open connections"),
-                }
-                let _ = shutdown.send(true);
-                tokio::select! {
-                    _ = term.recv() => {},
-                    _ = int.recv() => {},
-                }
-                tracing::warn!("second signal during drain: exiting now");
-                std::process::exit(1);
-            });
-        })
-        .context("cannot spawn the control thread")?;
-    installed_rx
-        .recv()
-        .map_err(|_| anyhow!("the control thread died during startup"))?
 }

@@ -192,6 +192,60 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
     pub hbone_port: u16,
 
+    /// xDS server (Delta ADS for Istio's Address and Authorization types),
+    /// e.g. https://istiod.istio-system.svc:15012. Replaces --config as the
+    /// source of workloads, services and policies.
+    #[arg(long, env = "XDS_ADDRESS", conflicts_with = "config")]
+    pub xds_address: Option<String>,
+
+    /// PEM root(s) that authenticate the xDS server.
+    #[arg(long, env = "XDS_ROOT_CA")]
+    pub xds_root_ca: Option<PathBuf>,
+
+    /// Subscribe to no addresses up front; ask the control plane for each
+    /// unknown destination IP as connections meet it.
+    #[arg(long, env = "XDS_ON_DEMAND")]
+    pub xds_on_demand: bool,
+
+    /// How long a connection waits for an on-demand lookup before treating
+    /// the destination as unknown.
+    #[arg(long, env = "RINGWAY_ON_DEMAND_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub on_demand_timeout: Duration,
+
+    /// Istio CA (IstioCertificateService), e.g.
+    /// https://istiod.istio-system.svc:15012. Without it the built-in CA
+    /// signs workload certificates.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+
+    /// PEM root(s) that authenticate the CA server (also the trust bundle
+    /// for workload certificates).
+    #[arg(long, env = "CA_ROOT_CA")]
+    pub ca_root_ca: Option<PathBuf>,
+
+    /// File with the JWT sent as `authorization: Bearer` to xDS and the CA
+    /// (re-read on every connect).
+    #[arg(long, env = "AUTH_TOKEN")]
+    pub auth_token: Option<PathBuf>,
+
+    /// Cluster id sent to the control plane (`clusterid`).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+
+    /// How long a connection waits for a certificate it needs urgently
+    /// before failing closed.
+    #[arg(long, env = "RINGWAY_CERT_WAIT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub cert_wait_timeout: Duration,
+
+    /// Pin the control thread (xDS, CA, config) to this CPU.
+    #[arg(long, env = "RINGWAY_CONTROL_CORE")]
+    pub control_core: Option<usize>,
+
+    /// Readiness endpoint (`GET /healthz/ready`): 200 once the first config
+    /// of each type is applied and every core's listeners are bound.
+    #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
+    pub readiness_addr: SocketAddr,
+
     /// Log format.
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -384,6 +438,8 @@ pub struct ProxyConfig {
     pub h2: H2Settings,
     pub pool: PoolConfig,
     pub handshake_timeout: Duration,
+    pub on_demand_timeout: Duration,
+    pub cert_wait_timeout: Duration,
 }
 
 impl ProxyConfig {
@@ -403,6 +459,8 @@ impl ProxyConfig {
                 max_frame_size: args.h2_max_frame_size,
             },
             handshake_timeout: args.handshake_timeout,
+            on_demand_timeout: args.on_demand_timeout,
+            cert_wait_timeout: args.cert_wait_timeout,
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
                 idle_timeout: args.pool_idle_timeout,

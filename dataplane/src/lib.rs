@@ -13,11 +13,13 @@
 //! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
 //! - [`accesslog`]: one log line per connection.
 //! - [`config`]: flags and environment.
+//! - [`control`]: the control thread (config source, certificates, readiness, signals).
 //! - [`app`]: wiring it together for the binary.
 
 pub mod accesslog;
 pub mod app;
 pub mod config;
+pub mod control;
 pub mod copy;
 pub mod hbone;
 pub mod inbound_passthrough;

@@ -293,7 +293,15 @@ pub async fn route(
         )
         .await;
     }
-    let snapshot = core.snapshot();
+    let mut snapshot = core.snapshot();
+    // On-demand xDS: an unknown destination may simply not be fetched yet.
+    if core.control.on_demand.is_some()
+        && !ringway_controlplane::xds::resolves(&snapshot, &core.cfg.network, dst.ip())
+    {
+        if let Some(fresh) = core.resolve_on_demand(dst.ip()).await {
+            snapshot = Rc::new(fresh);
+        }
+    }
     let upstream = match plan(&snapshot, &core.cfg.network, dst) {
         Ok(Plan::Direct { upstream, route }) => {
             log.route = route;

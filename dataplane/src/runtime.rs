@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use glommio::{LocalExecutorBuilder, Placement};
+use ringway_controlplane::certmanager::{wait_for_cert, CertRequests};
 use ringway_controlplane::certs::{CertFeed, CertSnapshot};
+use ringway_controlplane::identity::Identity;
+use ringway_controlplane::tls::TlsConfigs;
+use ringway_controlplane::xds::{lookup_on_demand, OnDemandSender};
 use ringway_controlplane::{Snapshot, SnapshotFeed};
 use tokio::sync::watch;
 
@@ -42,6 +46,9 @@ pub struct CoreInputs {
     /// traffic between cores); the watcher task swaps it on publish.
     #[allow(clippy::redundant_allocation)] // the Rc is the point: core-local refcount
     snapshot: RefCell<Rc<Arc<Snapshot>>>,
+    /// Requests to the control thread: urgent certificates, on-demand
+    /// destinations. Lock-free queues; the core never blocks on them.
+    pub control: ControlHandles,
     /// Ready-built TLS configs per identity, swapped like the snapshot.
     #[allow(clippy::redundant_allocation)]
     certs: RefCell<Rc<Arc<CertSnapshot>>>,
@@ -59,6 +66,48 @@ impl CoreInputs {
     pub fn certs(&self) -> Rc<Arc<CertSnapshot>> {
         self.certs.borrow().clone()
     }
+
+    /// The TLS configs for `id`; when missing (or expired), asks the
+    /// certificate manager urgently and waits at most
+    /// `--cert-wait-timeout`. None means fail closed.
+    pub async fn cert_for(&self, id: &Identity) -> Option<Arc<TlsConfigs>> {
+        let now = std::time::SystemTime::now();
+        if let Some(c) = self.certs().get(id).filter(|c| c.not_after > now) {
+            return Some(c.clone());
+        }
+        let requests = self.control.cert_requests.as_ref()?;
+        let mut feed = self.control.cert_feed.clone();
+        wait_for_cert(
+            &mut feed,
+            requests,
+            id,
+            glommio::timer::sleep(self.cfg.cert_wait_timeout),
+        )
+        .await
+    }
+
+    /// On-demand mode: asks the control plane about an unknown destination
+    /// and waits (bounded) for a snapshot that resolves it. Returns that
+    /// snapshot, or None (not on demand, timed out, or unknown).
+    pub async fn resolve_on_demand(&self, ip: std::net::IpAddr) -> Option<Arc<Snapshot>> {
+        let tx = self.control.on_demand.as_ref()?;
+        let mut feed = self.control.snapshot_feed.clone();
+        let timeout = glommio::timer::sleep(self.cfg.on_demand_timeout);
+        lookup_on_demand(&mut feed, tx, &self.cfg.network, ip, timeout)
+            .await
+            .then(|| feed.current())
+    }
+}
+
+/// Handles to the control thread (Send, cloned into each core).
+#[derive(Clone)]
+pub struct ControlHandles {
+    pub snapshot_feed: SnapshotFeed,
+    pub cert_feed: CertFeed,
+    /// Set when a certificate manager serves urgent requests.
+    pub cert_requests: Option<CertRequests>,
+    /// Set in on-demand xDS mode.
+    pub on_demand: Option<OnDemandSender>,
 }
 
 /// Spawns a connection-scoped task on this core that the drain deadline
@@ -81,6 +130,7 @@ pub struct CoreSeed {
     pub listeners: Vec<BoundListener>,
     pub feed: SnapshotFeed,
     pub cert_feed: CertFeed,
+    pub control: ControlHandles,
     pub shutdown: watch::Receiver<bool>,
     pub self_addrs: SelfAddrs,
 }
@@ -113,6 +163,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         listeners,
         mut feed,
         mut cert_feed,
+        control,
         mut shutdown,
         self_addrs,
     } = seed;
@@ -131,6 +182,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         open: Rc::new(OpenConnections::default()),
         pool: crate::hbone::pool::Pool::new(cfg_pool),
         shutdown: shutdown.clone(),
+        control,
         force_close,
         snapshot: RefCell::new(Rc::new(feed.current())),
         certs: RefCell::new(Rc::new(cert_feed.current())),

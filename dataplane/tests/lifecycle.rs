@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::NetNs;
 
-const LISTEN_ANY_PORT: [&str; 6] = [
+const LISTEN_ANY_PORT: [&str; 8] = [
+    "--readiness-addr",
+    "127.0.0.1:0",
     "--outbound-addr",
     "127.0.0.1:0",
     "--inbound-passthrough-addr",

@@ -118,9 +118,8 @@ pub async fn open(core: &Rc<CoreInputs>, t: Tunnel<'_>) -> Result<OpenStream, Hb
 async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<PooledConn, HboneError> {
     let addr = SocketAddr::new(key.dst_ip, core.pool.cfg.hbone_port);
     let tls = core
-        .certs()
-        .get(&key.src)
-        .cloned()
+        .cert_for(&key.src)
+        .await
         .ok_or_else(|| HboneError::NoCertificate(key.src.clone()))?;
     let tcp = match socket::connect(&core.poller, addr, core.cfg.connect).await {
         Ok(s) => s,

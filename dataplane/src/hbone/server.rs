@@ -35,7 +35,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     log.dst = Some(dst);
 
     // The certificate is the dialled workload's own: choose it by IP.
-    let tls = {
+    let id = {
         let snap = core.snapshot();
         let Some(workload) = snap.workload_by_addr(&core.cfg.network, dst.ip()) else {
             socket::set_reset_on_close(fd);
@@ -44,18 +44,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 dst.ip()
             ));
         };
-        let id = workload.identity();
-        log.dst_identity = Some(id.to_string());
-        let certs = core.certs();
-        match certs.get(&id) {
-            Some(tls) => tls.clone(),
-            None => {
-                socket::set_reset_on_close(fd);
-                return log.fail(format!(
-                    "no certificate for {id} yet; refusing (fail closed)"
-                ));
-            }
-        }
+        workload.identity()
+    };
+    log.dst_identity = Some(id.to_string());
+    let Some(tls) = core.cert_for(&id).await else {
+        socket::set_reset_on_close(fd);
+        return log.fail(format!("no certificate for {id}; refusing (fail closed)"));
     };
 
     let stream = FdStream::new(conn, core.poller.clone());

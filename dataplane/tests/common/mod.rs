@@ -202,7 +202,10 @@ impl Ringway {
         };
         cmd.args(["--log-format", "json", "--bound-addrs-file"])
             .arg(&addrs);
-        if own_config && !extra.contains(&"--config") {
+        if !extra.contains(&"--readiness-addr") {
+            cmd.args(["--readiness-addr", "127.0.0.1:0"]);
+        }
+        if own_config && !extra.contains(&"--config") && !extra.contains(&"--xds-address") {
             // Not the embedded default: its 127.0.0.1 is an HBONE workload.
             let cfg = write_config(
                 dir.path(),

@@ -1,0 +1,236 @@
+//! The control thread: one current-thread tokio runtime (optionally pinned)
+//! that owns everything slow or networked — the config source (local file
+//! watcher or the xDS client), the certificate manager (built-in CA or the
+//! Istio CA client), the readiness endpoint and signal handling. It
+//! publishes snapshots; cores never wait on it synchronously.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use ringway_controlplane::ca::BuiltinCa;
+use ringway_controlplane::caclient::{CaClient, CaClientConfig};
+use ringway_controlplane::certmanager::{
+    BuiltinCaSource, CertManager, CertManagerConfig, CertRequests, CertSource,
+};
+use ringway_controlplane::certs::CertPublisher;
+use ringway_controlplane::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
+use ringway_controlplane::{local, SnapshotPublisher};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+/// Where workloads, services and policies come from.
+pub enum ConfigSource {
+    /// The local YAML file (watched), or the embedded default (static).
+    Local {
+        path: Option<PathBuf>,
+        poll: Duration,
+    },
+    /// Delta ADS from istiod (or ringway-devcp).
+    Xds {
+        cfg: Box<XdsConfig>,
+        on_demand: Option<OnDemandReceiver>,
+    },
+}
+
+/// Where workload certificates come from.
+pub enum CertSourceKind {
+    Builtin { ca: Arc<BuiltinCa>, ttl: Duration },
+    IstioCa(Box<CaClientConfig>),
+}
+
+/// Everything the control thread runs.
+pub struct Control {
+    pub source: ConfigSource,
+    pub certs: CertSourceKind,
+    pub snapshots: SnapshotPublisher,
+    pub cert_publisher: CertPublisher,
+    pub node: Option<String>,
+    pub readiness: std::net::TcpListener,
+    /// Set by the main thread once every core has its listeners bound.
+    pub cores_ready: Arc<AtomicBool>,
+    pub shutdown: watch::Sender<bool>,
+    pub drain: Duration,
+    pub pin: Option<usize>,
+}
+
+/// What the cores get back from a started control thread.
+pub struct Started {
+    pub cert_requests: CertRequests,
+}
+
+impl Control {
+    /// Spawns the control thread and returns once its signal handlers are
+    /// installed and the certificate manager accepts requests.
+    pub fn start(self) -> anyhow::Result<Started> {
+        let (started_tx, started_rx) = mpsc::channel::<anyhow::Result<Started>>();
+        std::thread::Builder::new()
+            .name("ringway-control".into())
+            .spawn(move || {
+                if let Some(cpu) = self.pin {
+                    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                        tracing::warn!(cpu, "could not pin the control thread");
+                    }
+                }
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ =
+                            started_tx.send(Err(anyhow!("cannot start the control runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(self.run(started_tx));
+            })
+            .context("cannot spawn the control thread")?;
+        started_rx
+            .recv()
+            .map_err(|_| anyhow!("the control thread died during startup"))?
+    }
+
+    async fn run(self, started: mpsc::Sender<anyhow::Result<Started>>) {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (mut term, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = started.send(Err(anyhow!("cannot install signal handlers: {e}")));
+                return;
+            }
+        };
+        // Handlers first, then unblock: a SIGTERM that arrived during
+        // startup is pending and now drains instead of killing.
+        crate::app::set_termination_signals_blocked(false);
+
+        let manager_cfg = CertManagerConfig {
+            node: self.node.clone(),
+            ..CertManagerConfig::default()
+        };
+        let cert_requests = match self.certs {
+            CertSourceKind::Builtin { ca, ttl } => spawn_manager(
+                BuiltinCaSource::new(ca, ttl),
+                &self.snapshots,
+                &self.cert_publisher,
+                manager_cfg,
+            ),
+            CertSourceKind::IstioCa(cfg) => match CaClient::new(*cfg) {
+                Ok(client) => {
+                    spawn_manager(client, &self.snapshots, &self.cert_publisher, manager_cfg)
+                }
+                Err(e) => {
+                    let _ = started.send(Err(anyhow!("CA client: {e}")));
+                    return;
+                }
+            },
+        };
+
+        // Readiness: the config source has delivered, and cores listen.
+        let source_ready: Box<dyn Fn() -> bool + Send + Sync> = match self.source {
+            ConfigSource::Local { path, poll } => {
+                if let Some(path) = path {
+                    tokio::spawn(local::watch_file(path, poll, self.snapshots.clone()));
+                }
+                Box::new(|| true)
+            }
+            ConfigSource::Xds { cfg, on_demand } => {
+                let status = XdsStatus::new();
+                let ready = status.clone();
+                let publisher = self.snapshots.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = xds::run(*cfg, publisher, status, on_demand).await {
+                        tracing::error!(error = %e, "xDS client stopped: invalid configuration");
+                    }
+                });
+                Box::new(move || ready.is_ready())
+            }
+        };
+        let cores_ready = self.cores_ready.clone();
+        match tokio::net::TcpListener::from_std(self.readiness) {
+            Ok(l) => {
+                tokio::spawn(serve_readiness(l, move || {
+                    source_ready() && cores_ready.load(Ordering::Acquire)
+                }));
+            }
+            Err(e) => {
+                let _ = started.send(Err(anyhow!("readiness listener: {e}")));
+                return;
+            }
+        }
+        let _ = started.send(Ok(Started { cert_requests }));
+
+        let drain = self.drain;
+        tokio::select! {
+            _ = term.recv() => tracing::info!(?drain, "SIGTERM: no longer accepting; draining open connections"),
+            _ = int.recv() => tracing::info!(?drain, "SIGINT: no longer accepting; draining open connections"),
+        }
+        let _ = self.shutdown.send(true);
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tracing::warn!("second signal during drain: exiting now");
+        std::process::exit(1);
+    }
+}
+
+fn spawn_manager<S: CertSource + Send + Sync + 'static>(
+    source: S,
+    snapshots: &SnapshotPublisher,
+    certs: &CertPublisher,
+    cfg: CertManagerConfig,
+) -> CertRequests {
+    let manager = CertManager::new(Arc::new(source), snapshots.subscribe(), certs.clone(), cfg);
+    let requests = manager.requests();
+    tokio::spawn(manager.run());
+    requests
+}
+
+/// A deliberately tiny HTTP/1.1 responder for `GET /healthz/ready`
+/// (kubelet probes): 200 when ready, 503 otherwise, 404 for other paths.
+async fn serve_readiness(
+    listener: tokio::net::TcpListener,
+    ready: impl Fn() -> bool + Send + Sync + 'static,
+) {
+    let ready = Arc::new(ready);
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let n = match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let line = std::str::from_utf8(&buf[..n])
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("");
+            let mut parts = line.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            let (status, body) = if method != "GET" {
+                ("405 Method Not Allowed", "method not allowed\n")
+            } else if path != "/healthz/ready" {
+                ("404 Not Found", "not found\n")
+            } else if ready() {
+                ("200 OK", "ready\n")
+            } else {
+                ("503 Service Unavailable", "not ready\n")
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,303 @@
+//! ringway against a real control plane over gRPC + TLS: `ringway-devcp`
+//! serving Delta ADS (Istio's Address/Authorization types) and the Istio CA
+//! service, in a private network namespace. Covers config from xDS, pushed
+//! deltas, certificates from the CA client used for HBONE, readiness, the
+//! control plane going away, and on-demand lookups.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{in_netns, NetNs, Ringway};
+
+fn devcp_bin() -> PathBuf {
+    let p = Path::new(common::ringway_bin()).with_file_name("ringway-devcp");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p ringway-controlplane --bin ringway-devcp` (scripts/test.sh builds the whole workspace)",
+        p.display()
+    );
+    p
+}
+
+fn mesh(target_port: u16) -> String {
+    format!(
+        r#"
+workloads:
+- uid: cluster1//v1/Pod/default/backend
+  name: backend
+  namespace: default
+  serviceAccount: backend
+  workloadIps: ["127.0.0.5"]
+  protocol: TCP
+  services:
+    "default/backend.default.svc.cluster.local":
+      80: {target_port}
+- uid: cluster1//v1/Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["127.0.0.3"]
+  protocol: HBONE
+- uid: cluster1//v1/Pod/default/server
+  name: server
+  namespace: default
+  serviceAccount: server
+  workloadIps: ["127.0.0.2"]
+  protocol: HBONE
+services:
+- name: backend
+  namespace: default
+  hostname: backend.default.svc.cluster.local
+  vips: ["/127.10.0.1"]
+  ports:
+    80: {target_port}
+"#
+    )
+}
+
+struct Rig {
+    ns: NetNs,
+    dir: tempfile::TempDir,
+    devcp: Option<Child>,
+    config: PathBuf,
+}
+
+impl Rig {
+    fn new(tag: &str, target_port: u16) -> Rig {
+        let ns = NetNs::new(tag);
+        ns.capture_outbound("80, 9000-9999");
+        let dir = tempfile::tempdir().unwrap();
+        let config = common::write_config(dir.path(), "mesh.yaml", &mesh(target_port));
+        let mut rig = Rig {
+            ns,
+            dir,
+            devcp: None,
+            config,
+        };
+        rig.start_devcp();
+        rig
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("cp-ca/root-cert.pem")
+    }
+
+    fn start_devcp(&mut self) {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns.name])
+            .arg(devcp_bin())
+            .args([
+                "--config",
+                self.config.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:15012",
+            ])
+            .args([
+                "--ca-dir",
+                self.dir.path().join("cp-ca").to_str().unwrap(),
+                "--poll-interval-ms",
+                "100",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("devcp.log")).unwrap())
+            .spawn()
+            .unwrap();
+        self.devcp = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !(self.root().exists()
+            && in_netns(&self.ns.name, || {
+                TcpStream::connect("127.0.0.1:15012").is_ok()
+            }))
+        {
+            assert!(Instant::now() < deadline, "ringway-devcp did not start");
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop_devcp(&mut self) {
+        if let Some(mut c) = self.devcp.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn ringway(&self, extra: &[&str]) -> Ringway {
+        let root = self.root();
+        let mut args = vec![
+            "--xds-address",
+            "https://127.0.0.1:15012",
+            "--xds-root-ca",
+            root.to_str().unwrap(),
+            "--ca-address",
+            "https://127.0.0.1:15012",
+            "--ca-root-ca",
+            root.to_str().unwrap(),
+            "--cert-wait-timeout",
+            "10s",
+        ];
+        args.extend_from_slice(extra);
+        // The harness returns once listeners are bound; readiness comes later.
+        let rw = self.ns.ringway(
+            &args
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        rw
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop_devcp();
+    }
+}
+
+fn serve_tag(addr: &'static str, tag: &'static str) {
+    let l = TcpListener::bind(addr).unwrap();
+    thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = s.write_all(tag.as_bytes());
+        }
+    });
+}
+
+fn ask(addr: &str) -> std::io::Result<String> {
+    let mut c = TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    Ok(s)
+}
+
+fn readiness(ns: &NetNs, rw: &Ringway) -> Option<u16> {
+    let addr: SocketAddr = rw.listeners["listeners"]["readiness"][0]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    in_netns(&ns.name, move || {
+        let mut s = TcpStream::connect(addr).ok()?;
+        s.write_all(b"GET /healthz/ready HTTP/1.1\r\nhost: x\r\n\r\n")
+            .ok()?;
+        let mut r = String::new();
+        s.read_to_string(&mut r).ok()?;
+        r.split_whitespace().nth(1)?.parse().ok()
+    })
+}
+
+fn wait_ready(ns: &NetNs, rw: &Ringway) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while readiness(ns, rw) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "never ready; logs: {:#?}",
+            rw.logs()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for an access-log line matching `pred` (lines are written when a
+/// connection closes, which can trail the client's view by a moment).
+fn wait_log(rw: &Ringway, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(l) = rw.access_logs().into_iter().find(|l| pred(l)) {
+            return l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no matching access log: {:#?}",
+            rw.access_logs()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn config_from_xds_deltas_and_control_plane_down() {
+    let mut rig = Rig::new("xds", 9301);
+    rig.ns.enter(|| {
+        serve_tag("127.0.0.5:9301", "first");
+        serve_tag("127.0.0.5:9302", "second");
+    });
+    let rw = rig.ringway(&[]);
+    wait_ready(&rig.ns, &rw);
+    assert_eq!(
+        rig.ns.enter(|| ask("127.10.0.1:80")).unwrap(),
+        "first",
+        "VIP routed from xDS config"
+    );
+
+    // An edit on the control plane arrives as a delta.
+    std::fs::write(&rig.config, mesh(9302)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while rig.ns.enter(|| ask("127.10.0.1:80")).unwrap() != "second" {
+        assert!(
+            Instant::now() < deadline,
+            "the pushed delta was not applied"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    // HBONE between the two mesh workloads, certificates from the CA client.
+    rig.ns.enter(|| serve_tag("127.0.0.2:9303", "over-hbone"));
+    let via_hbone = rig.ns.enter(|| {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.bind(&"127.0.0.3:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        sock.connect(&"127.0.0.2:9303".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        let mut c: TcpStream = sock.into();
+        c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut s = String::new();
+        c.read_to_string(&mut s).map(|_| s)
+    });
+    assert_eq!(via_hbone.unwrap(), "over-hbone");
+    let hbone = wait_log(&rw, |l| l["route"] == "hbone" && l["path"] == "outbound");
+    assert_eq!(
+        hbone["src_identity"],
+        "spiffe://cluster.local/ns/default/sa/client"
+    );
+
+    // The control plane goes away: the last snapshot and the certificates
+    // keep serving new connections.
+    rig.stop_devcp();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(rig.ns.enter(|| ask("127.10.0.1:80")).unwrap(), "second");
+    assert_eq!(
+        readiness(&rig.ns, &rw),
+        Some(200),
+        "once ready, stays ready across reconnects"
+    );
+}
+
+#[test]
+fn on_demand_lookup_resolves_unknown_destination() {
+    let rig = Rig::new("ond", 9311);
+    rig.ns.enter(|| serve_tag("127.0.0.5:9311", "on-demand"));
+    let rw = rig.ringway(&["--xds-on-demand", "--on-demand-timeout", "10s"]);
+    wait_ready(&rig.ns, &rw);
+    // Nothing about 127.10.0.1 is known until the connection asks for it.
+    let got = rig.ns.enter(|| ask("127.10.0.1:80"));
+    assert_eq!(
+        got.as_deref().ok(),
+        Some("on-demand"),
+        "{got:?}: {:#?}",
+        rw.logs()
+    );
+    let log = &rw.wait_access_logs(1)[0];
+    assert_eq!(log["route"], "service", "{log}");
+}

@@ -449,7 +449,7 @@ impl RawWorkload {
             status: self.status.0,
             cluster_id: self.cluster_id,
             authorization_policies: self.authorization_policies,
-            services: self.services.0,
+            services: self.services.0.into(),
             locality: self.locality.map(|l| Locality {
                 region: l.region,
                 zone: l.zone,

@@ -43,7 +43,7 @@ pub struct Workload {
     pub authorization_policies: Vec<String>,
     /// Services this workload backs, keyed "ns/hostname", with the port
     /// mapping as seen from this workload (target ports are per pod).
-    pub services: BTreeMap<String, Vec<PortMapping>>,
+    pub services: ServicePorts,
     pub locality: Option<Locality>,
     pub network_mode: NetworkMode,
     /// Relative load-balancing weight.
@@ -74,7 +74,7 @@ impl Default for Workload {
             status: WorkloadStatus::default(),
             cluster_id: String::new(),
             authorization_policies: Vec::new(),
-            services: BTreeMap::new(),
+            services: ServicePorts::default(),
             locality: None,
             network_mode: NetworkMode::default(),
             capacity: 1,
@@ -476,5 +476,95 @@ mod tests {
         assert!(Cidr::new("10.0.0.0".parse().unwrap(), 33).is_none());
         assert!(Cidr::new("::".parse().unwrap(), 129).is_none());
         assert_eq!(net.to_string(), "10.1.0.0/16");
+    }
+}
+
+/// The services a workload backs: "ns/hostname" → port mappings, sorted by
+/// key. Not a `BTreeMap`: most workloads back one or two services, and a
+/// B-tree leaf costs ~530 bytes even for one entry — at 100k workloads that
+/// alone broke the 1 KiB-per-workload budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServicePorts(Vec<(String, Vec<PortMapping>)>);
+
+impl ServicePorts {
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Vec<PortMapping>> {
+        self.find(key).ok().map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Inserts or replaces; returns the previous ports for `key`.
+    pub fn insert(&mut self, key: String, ports: Vec<PortMapping>) -> Option<Vec<PortMapping>> {
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, ports)),
+            Err(i) => {
+                self.0.insert(i, (key, ports));
+                self.0.shrink_to_fit();
+                None
+            }
+        }
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &String> + '_ {
+        self.0.iter().map(|(k, _)| k)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Vec<PortMapping>)> + '_ {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(String, Vec<PortMapping>)> for ServicePorts {
+    fn from_iter<I: IntoIterator<Item = (String, Vec<PortMapping>)>>(iter: I) -> Self {
+        let mut out = ServicePorts::default();
+        for (k, v) in iter {
+            out.insert(k, v);
+        }
+        out
+    }
+}
+
+impl From<BTreeMap<String, Vec<PortMapping>>> for ServicePorts {
+    fn from(map: BTreeMap<String, Vec<PortMapping>>) -> Self {
+        // Already sorted and unique.
+        let mut v: Vec<_> = map.into_iter().collect();
+        v.shrink_to_fit();
+        ServicePorts(v)
+    }
+}
+
+impl<const N: usize> From<[(String, Vec<PortMapping>); N]> for ServicePorts {
+    fn from(items: [(String, Vec<PortMapping>); N]) -> Self {
+        items.into_iter().collect()
+    }
+}
+
+impl IntoIterator for ServicePorts {
+    type Item = (String, Vec<PortMapping>);
+    type IntoIter = std::vec::IntoIter<(String, Vec<PortMapping>)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl std::ops::Index<&str> for ServicePorts {
+    type Output = Vec<PortMapping>;
+    fn index(&self, key: &str) -> &Vec<PortMapping> {
+        self.get(key)
+            .unwrap_or_else(|| panic!("no service {key:?}"))
     }
 }

@@ -27,7 +27,8 @@ fn workload(uid: &str, network: &str, addrs: &[&str], services: &[&str]) -> Work
                     }],
                 )
             })
-            .collect::<BTreeMap<_, _>>(),
+            .collect::<BTreeMap<_, _>>()
+            .into(),
         ..Workload::default()
     }
 }

@@ -300,7 +300,7 @@ pub fn workload_from_proto(w: wpb::Workload) -> Result<Workload> {
         status,
         cluster_id: w.cluster_id,
         authorization_policies: w.authorization_policies,
-        services,
+        services: services.into(),
         locality: w.locality.map(|l| Locality {
             region: l.region,
             zone: l.zone,

@@ -134,7 +134,8 @@ fn workload(i: usize, generation: u32) -> Workload {
                 service_port: 80,
                 target_port: 8080,
             }],
-        )]),
+        )])
+        .into(),
         locality: Some(Locality {
             region: "us-east-1".into(),
             zone: format!("us-east-1{}", ['a', 'b', 'c'][i % 3]),
@@ -347,14 +348,14 @@ fn measure_big_service(
         target_port: 8080,
     }];
     for w in workloads.iter_mut().take(BIG_SERVICE) {
-        w.services = BTreeMap::from([(service_key(0), ports.clone())]);
+        w.services = BTreeMap::from([(service_key(0), ports.clone())]).into();
     }
     let snap = Snapshot::new(workloads, services, vec![]).expect("valid mesh");
     assert!(snap.endpoints(&service_key(0)).len() >= BIG_SERVICE.min(n));
     let mut samples = Vec::with_capacity(runs);
     for i in 0..runs {
         let mut w = workload(n + i, 1);
-        w.services = BTreeMap::from([(service_key(0), ports.clone())]);
+        w.services = BTreeMap::from([(service_key(0), ports.clone())]).into();
         let delta = SnapshotDelta {
             upsert_workloads: vec![w],
             ..SnapshotDelta::default()
@@ -417,7 +418,7 @@ fn main() {
     };
     println!(
         "\nModel payload per workload: `Arc<Workload>` {} B inline, of which the \
-         one-entry `services` BTreeMap allocates {services_map} B (a whole B-tree leaf) \
+         one-entry `services` list allocates {services_map} B \
          including its key and port mapping; the strings and address allocate the rest.",
         std::mem::size_of::<Workload>() + 16,
     );

@@ -14,6 +14,7 @@ need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3 python3-h2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

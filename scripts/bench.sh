@@ -1,11 +1,36 @@
 #!/usr/bin/env bash
-# Builds release binaries and runs the side-by-side passthrough benchmark
-# (direct TCP vs ringway splice vs ringway copy) in a private network
-# namespace. Needs root. Extra arguments go to `ringway-perf passthrough`
-# (e.g. --rounds 7 --bytes 2G --cores 1).
+# Builds release binaries and runs `ringway-perf suite`: throughput,
+# request/response latency, connect rate and idle-connection memory on
+# direct TCP, ringway passthrough and ringway HBONE, side by side, in a
+# two-node network-namespace rig, after checking the load generator against
+# iperf3. Needs root. Results land in perf-results/ (results.md,
+# results.json, SVG charts, proxy logs).
+#
+# Extra arguments go to `ringway-perf suite`, e.g. --quick (about a minute),
+# --rounds 7, --cores 1 --cores 2 (core-pinning sweep), or a peer proxy
+# column with --peer-socks/--peer-cmd. See perf/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v nft >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq nftables >/dev/null; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/bench.sh: run as root (sudo scripts/bench.sh): the rig uses network namespaces and nftables" >&2
+  exit 1
+fi
+
+need=()
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
 cargo build --release --locked -p ringway-dataplane -p ringway-perf
+# io_uring executors lock a little memory; the idle scenario holds thousands
+# of sockets (ringway-perf raises its own soft limit to the hard one too).
 ulimit -l unlimited 2>/dev/null || true
-exec target/release/ringway-perf passthrough --out perf-results "$@"
+ulimit -n 65536 2>/dev/null || true
+exec target/release/ringway-perf suite --out perf-results "$@"

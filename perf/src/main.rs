@@ -1,136 +1,261 @@
-//! `ringway-perf`: reproducible, side-by-side performance numbers for
-//! ringway. Tests assert behaviour; this reports numbers.
+//! `ringway-perf`: the command line over the ringway_perf library.
 
-mod passthrough;
-mod procstat;
-mod rig;
-mod server;
-mod stats;
-mod throughput;
-mod wire;
+use std::net::{IpAddr, SocketAddr};
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-
-use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use ringway_perf::dial::Dialer;
+use ringway_perf::procstat::Processes;
+use ringway_perf::rr::Limit;
+use ringway_perf::units::{parse_duration, parse_size};
+use ringway_perf::{
+    calibrate, connect, idle, passthrough, rig, rr, server, socks5, suite, throughput,
+};
+use serde::Serialize;
 
 #[derive(Parser)]
 #[command(
     name = "ringway-perf",
     version,
-    about = "ringway's performance harness"
+    about = "ringway's performance harness: load generator, sink, rigs and side-by-side benchmarks"
 )]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
 }
 
+/// Where the load goes and which proxy processes to charge for it.
+#[derive(clap::Args, Clone)]
+struct ClientArgs {
+    /// The `ringway-perf serve` address.
+    #[arg(long)]
+    target: SocketAddr,
+    /// Reach the target through this SOCKS5 proxy (CONNECT, no auth).
+    #[arg(long)]
+    socks: Option<SocketAddr>,
+    /// Source address of every connection (e.g. the client workload's IP,
+    /// so the proxy knows whose identity to use).
+    #[arg(long)]
+    bind: Option<IpAddr>,
+    /// Run the client inside this network namespace (`ip netns` name), e.g.
+    /// one whose egress a proxy captures transparently.
+    #[arg(long)]
+    netns: Option<String>,
+    /// A proxy process to report CPU (and memory) for; repeat for several.
+    #[arg(long = "proxy-pid")]
+    proxy_pids: Vec<u32>,
+}
+
+impl ClientArgs {
+    fn dialer(&self) -> Dialer {
+        match self.socks {
+            Some(s) => Dialer::via_socks5(self.target, s),
+            None => Dialer::direct(self.target),
+        }
+        .bind(self.bind)
+    }
+
+    /// Runs `f` (in the namespace, if any) and prints its result as JSON.
+    fn run<T: Serialize + Send + 'static>(
+        &self,
+        f: impl FnOnce(&Dialer, &Processes) -> std::io::Result<T> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let dialer = self.dialer();
+        let procs = Processes::new(self.proxy_pids.clone());
+        let r = match &self.netns {
+            Some(ns) => rig::in_netns(ns, move || f(&dialer, &procs))??,
+            None => f(&dialer, &procs)?,
+        };
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        Ok(())
+    }
+}
+
+fn limit(duration: Option<std::time::Duration>, count: Option<u64>, default_secs: u64) -> Limit {
+    match (duration, count) {
+        (_, Some(c)) => Limit::Count(c),
+        (Some(d), None) => Limit::Duration(d),
+        (None, None) => Limit::Duration(std::time::Duration::from_secs(default_secs)),
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
-    /// Sink / source / echo server for every scenario.
+    /// The sink / source / responder every scenario talks to.
     Serve {
         /// Addresses to listen on (comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:5201")]
         listen: Vec<SocketAddr>,
-    },
-    /// N parallel streams of X bytes against a `serve` target.
-    Throughput {
+        /// epoll reactor threads for small-message work (default: CPUs, ≤ 4).
         #[arg(long)]
-        target: SocketAddr,
+        threads: Option<usize>,
+    },
+    /// N parallel streams of X bytes each; Gbit/s.
+    Throughput {
+        #[command(flatten)]
+        client: ClientArgs,
         #[arg(long, default_value_t = 1)]
         streams: usize,
+        /// Bytes per stream (suffixes K, M, G = KiB, MiB, GiB).
         #[arg(long, default_value = "2G", value_parser = parse_size)]
         bytes: u64,
         #[arg(long, value_enum, default_value = "up")]
         direction: throughput::Direction,
     },
-    /// Direct TCP vs ringway passthrough (splice and copy), side by side.
+    /// Request/response on C connections; latency percentiles, requests/s.
+    Rr {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Request and response size in bytes.
+        #[arg(long, default_value_t = 1)]
+        size: u32,
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        /// Run this long (default 10s).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "requests")]
+        duration: Option<std::time::Duration>,
+        /// Or stop after this many requests (all connections together).
+        #[arg(long)]
+        requests: Option<u64>,
+    },
+    /// A new connection per request; connections/s, connect-to-first-byte.
+    Connect {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Workers, each with one connection in flight.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Run this long (default 5s).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "count")]
+        duration: Option<std::time::Duration>,
+        /// Or stop after this many connections.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// K idle connections; the proxy's memory per connection (needs --proxy-pid).
+    Idle {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[arg(long, default_value_t = 1000)]
+        connections: usize,
+        /// Wait before reading RSS.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        settle: std::time::Duration,
+    },
+    /// Compare the generator's loopback throughput with iperf3's.
+    Calibrate(calibrate::Params),
+    /// Everything, side by side, on a two-node netns rig (needs root).
+    Suite(suite::SuiteArgs),
+    /// Direct TCP vs ringway passthrough (splice and copy) on loopback.
     Passthrough(passthrough::PassthroughArgs),
-}
-
-/// "64K", "512M", "2G" (binary units) or a plain byte count.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size {s:?} (examples: 4096, 64K, 512M, 2G)"))
-}
-
-/// The ringway binary: explicit, or built next to ringway-perf.
-pub fn ringway_bin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
-    let path = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no parent dir")?
-            .join("ringway"),
-    };
-    if !path.exists() {
-        bail!("ringway binary not found at {} (build it: cargo build --release -p ringway-dataplane, or pass --ringway)", path.display());
-    }
-    Ok(path)
+    /// A minimal SOCKS5 relay (CONNECT, no auth): a stand-in peer proxy.
+    SocksRelay {
+        #[arg(long, default_value = "127.0.0.1:15080")]
+        listen: SocketAddr,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
+    ringway_perf::raise_fd_limit();
     match Cli::parse().cmd {
-        Cmd::Serve { listen } => {
-            let bound = server::spawn(&listen)?;
+        Cmd::Serve { listen, threads } => {
+            let bound = match threads {
+                Some(n) => server::spawn_with(&listen, n)?,
+                None => server::spawn(&listen)?,
+            };
             eprintln!("serving on {bound:?}");
-            loop {
-                std::thread::park();
-            }
+            park()
         }
         Cmd::Throughput {
-            target,
+            client,
             streams,
             bytes,
             direction,
+        } => client.run(move |d, p| {
+            throughput::run(
+                d,
+                throughput::Params {
+                    streams,
+                    bytes_per_stream: bytes,
+                    direction,
+                },
+                p,
+            )
+        })?,
+        Cmd::Rr {
+            client,
+            size,
+            connections,
+            duration,
+            requests,
+        } => client.run(move |d, p| {
+            rr::run(
+                d,
+                rr::Params {
+                    size,
+                    connections,
+                    limit: limit(duration, requests, 10),
+                },
+                p,
+            )
+        })?,
+        Cmd::Connect {
+            client,
+            concurrency,
+            duration,
+            count,
+        } => client.run(move |d, p| {
+            connect::run(
+                d,
+                connect::Params {
+                    concurrency,
+                    limit: limit(duration, count, 5),
+                },
+                p,
+            )
+        })?,
+        Cmd::Idle {
+            client,
+            connections,
+            settle,
         } => {
-            let r = throughput::run(target, streams, bytes, direction)?;
-            println!("{}", serde_json::to_string_pretty(&r)?);
+            if client.proxy_pids.is_empty() {
+                eprintln!("note: without --proxy-pid there is no proxy memory to report");
+            }
+            client.run(move |d, p| {
+                idle::run(
+                    d,
+                    idle::Params {
+                        connections,
+                        settle,
+                    },
+                    p,
+                )
+            })?
         }
+        Cmd::Calibrate(p) => {
+            let c = calibrate::run(&p, &mut |l| eprintln!("{l}"))?;
+            eprintln!("{}", c.summary());
+            println!("{}", serde_json::to_string_pretty(&c)?);
+            if !c.pass {
+                anyhow::bail!(
+                    "the load generator is below {:.0}% of iperf3",
+                    p.min_ratio * 100.0
+                );
+            }
+        }
+        Cmd::Suite(args) => suite::run(args)?,
         Cmd::Passthrough(args) => passthrough::run(args)?,
+        Cmd::SocksRelay { listen } => {
+            let bound = socks5::spawn_relay(listen)?;
+            eprintln!("SOCKS5 relay on {bound}");
+            park()
+        }
     }
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
-        assert!(parse_size("2T").is_err());
-        assert!(parse_size("").is_err());
-    }
-
-    #[test]
-    fn throughput_against_local_server_moves_every_byte() {
-        let addr = server::spawn(&["127.0.0.1:0".parse().unwrap()]).unwrap()[0];
-        for dir in [
-            throughput::Direction::Up,
-            throughput::Direction::Down,
-            throughput::Direction::Both,
-        ] {
-            let r = throughput::run(addr, 3, 1 << 20, dir).unwrap();
-            let per = if dir == throughput::Direction::Both {
-                2
-            } else {
-                1
-            };
-            assert_eq!(r.bytes, 3 * (1 << 20) * per);
-            assert!(r.gbit_per_s > 0.0 && r.seconds > 0.0);
-        }
+fn park() -> ! {
+    loop {
+        std::thread::park();
     }
 }

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::procstat;
-use crate::rig::{NetnsRig, Proxy};
+use crate::dial::Dialer;
+use crate::procstat::{self, Processes};
+use crate::rig::{Netns, Proxy};
 use crate::stats::{median, ratio};
 use crate::throughput::{self, Direction};
 
@@ -24,7 +25,7 @@ pub struct PassthroughArgs {
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// Bytes per stream per run (suffixes K, M, G = KiB, MiB, GiB).
-    #[arg(long, default_value = "1G", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "1G", value_parser = crate::units::parse_size)]
     pub bytes: u64,
     /// Parallel streams.
     #[arg(long, default_value_t = 1)]
@@ -59,7 +60,7 @@ const COPY_PORT: u16 = 5203;
 pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
     let bin = crate::ringway_bin(args.ringway.as_deref())?;
     std::fs::create_dir_all(&args.out)?;
-    let rig = NetnsRig::new("rwperf")?;
+    let rig = Netns::new("rwperf")?;
     rig.redirect(&[(SPLICE_PORT, 15001), (COPY_PORT, 15011)])?;
     let cfg = args.out.join("empty-config.yaml");
     // No workloads: every destination is plain passthrough.
@@ -71,8 +72,9 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
             SocketAddr::from(([127, 0, 0, 1], COPY_PORT)),
         ])
     })??;
+    let side = crate::rig::side_listener_args(&bin)?;
     let proxy_args = |mode: &str, outbound: u16| -> Vec<String> {
-        [
+        let mut v: Vec<String> = [
             "--config",
             cfg.to_str().unwrap(),
             "--cores",
@@ -88,7 +90,9 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
         ]
         .iter()
         .map(|s| s.to_string())
-        .collect()
+        .collect();
+        v.extend(side.iter().cloned());
+        v
     };
     let splice = Proxy::start(
         &rig,
@@ -96,6 +100,7 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
         "ringway-splice",
         &proxy_args("splice", 15001),
         &args.out,
+        "warn",
     )?;
     let copy = Proxy::start(
         &rig,
@@ -103,6 +108,7 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
         "ringway-copy",
         &proxy_args("copy", 15011),
         &args.out,
+        "warn",
     )?;
 
     let variants: [(&'static str, u16, Option<&Proxy>); 3] = [
@@ -117,10 +123,13 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
         let port = *port;
         rig.enter(move || {
             throughput::run(
-                SocketAddr::from(([127, 0, 0, 1], port)),
-                1,
-                64 << 20,
-                Direction::Up,
+                &Dialer::direct(SocketAddr::from(([127, 0, 0, 1], port))),
+                throughput::Params {
+                    streams: 1,
+                    bytes_per_stream: 64 << 20,
+                    direction: Direction::Up,
+                },
+                &Processes::default(),
             )
         })??;
     }
@@ -128,21 +137,23 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
         for k in 0..3 {
             let i = (round + k) % 3; // rotate the order every round
             let (name, port, proxy) = variants[i];
-            let before = proxy.map(|p| procstat::cpu_seconds(p.pid())).transpose()?;
-            let (streams, bytes, dir) = (args.streams, args.bytes, args.direction);
+            let procs = Processes::new(proxy.map(|p| p.pid()).into_iter().collect());
+            let params = throughput::Params {
+                streams: args.streams,
+                bytes_per_stream: args.bytes,
+                direction: args.direction,
+            };
             let r = rig
                 .enter(move || {
                     throughput::run(
-                        SocketAddr::from(([127, 0, 0, 1], port)),
-                        streams,
-                        bytes,
-                        dir,
+                        &Dialer::direct(SocketAddr::from(([127, 0, 0, 1], port))),
+                        params,
+                        &procs,
                     )
                 })?
                 .with_context(|| format!("{name} run failed"))?;
-            if let (Some(p), Some(b)) = (proxy, before) {
-                let used = procstat::cpu_seconds(p.pid())? - b;
-                cpu[i].push(used / (r.bytes as f64 / (1u64 << 30) as f64));
+            if let Some(c) = r.proxy_cpu_s_per_gib {
+                cpu[i].push(c);
             }
             gbps[i].push(r.gbit_per_s);
             eprintln!(

@@ -1,17 +1,12 @@
-//! What a process costs, read from /proc: CPU seconds (user + system) and
-//! resident memory.
+//! What proxy processes cost, read from /proc: CPU seconds (user + system,
+//! all threads) and resident memory, summed over a set of processes and
+//! their descendants (a peer proxy may be started through a wrapper).
 
 use std::io;
 
 /// utime + stime of `pid` (all threads), in seconds.
 pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) may contain spaces; fields resume after ')'.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| io::Error::other("malformed /proc/pid/stat"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(pid)?;
     // After ')': state is field 3, so utime (14) and stime (15) sit at 11, 12.
     let parse = |i: usize| -> io::Result<f64> {
         fields
@@ -23,6 +18,17 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
     Ok((parse(11)? + parse(12)?) / ticks)
 }
 
+/// The fields of /proc/pid/stat after the command name.
+fn stat_fields(pid: u32) -> io::Result<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may contain spaces; fields resume after ')'.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| io::Error::other("malformed /proc/pid/stat"))?;
+    Ok(rest.split_whitespace().map(str::to_string).collect())
+}
+
 /// VmRSS of `pid` in bytes.
 pub fn rss_bytes(pid: u32) -> io::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -32,6 +38,109 @@ pub fn rss_bytes(pid: u32) -> io::Result<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .ok_or_else(|| io::Error::other("no VmRSS in /proc/pid/status"))
+}
+
+/// `roots` and every live descendant.
+pub fn with_descendants(roots: &[u32]) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            // Field 4 (ppid) is index 1 after the command name.
+            if let Some(ppid) = stat_fields(pid)
+                .ok()
+                .and_then(|f| f.get(1).and_then(|p| p.parse::<u32>().ok()))
+            {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut all: Vec<u32> = roots.to_vec();
+    let mut i = 0;
+    while i < all.len() {
+        let p = all[i];
+        for &(child, parent) in &parent_of {
+            if parent == p && !all.contains(&child) {
+                all.push(child);
+            }
+        }
+        i += 1;
+    }
+    all
+}
+
+/// The processes that make up one proxy variant (e.g. both ringways of an
+/// HBONE path). Empty for "no proxy".
+#[derive(Clone, Debug, Default)]
+pub struct Processes {
+    pub roots: Vec<u32>,
+}
+
+impl Processes {
+    pub fn new(roots: Vec<u32>) -> Processes {
+        Processes { roots }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// Total CPU seconds so far (None without processes).
+    pub fn cpu_seconds(&self) -> io::Result<Option<f64>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let mut total = 0.0;
+        for pid in with_descendants(&self.roots) {
+            match cpu_seconds(pid) {
+                Ok(s) => total += s,
+                // A descendant that exited in between: its time is gone.
+                Err(_) if !self.roots.contains(&pid) => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
+            }
+        }
+        Ok(Some(total))
+    }
+
+    /// Total resident memory (None without processes).
+    pub fn rss_bytes(&self) -> io::Result<Option<u64>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let mut total = 0;
+        for pid in with_descendants(&self.roots) {
+            match rss_bytes(pid) {
+                Ok(b) => total += b,
+                Err(_) if !self.roots.contains(&pid) => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
+            }
+        }
+        Ok(Some(total))
+    }
+}
+
+/// CPU seconds a set of processes spends between `start` and `finish`.
+pub struct CpuMeter<'a> {
+    procs: &'a Processes,
+    start: Option<f64>,
+}
+
+impl<'a> CpuMeter<'a> {
+    pub fn start(procs: &'a Processes) -> io::Result<CpuMeter<'a>> {
+        Ok(CpuMeter {
+            procs,
+            start: procs.cpu_seconds()?,
+        })
+    }
+
+    pub fn finish(self) -> io::Result<Option<f64>> {
+        Ok(match (self.start, self.procs.cpu_seconds()?) {
+            (Some(a), Some(b)) => Some((b - a).max(0.0)),
+            _ => None,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -48,5 +157,23 @@ mod tests {
         assert!(x != 1);
         assert!(cpu_seconds(pid).unwrap() > 0.0);
         assert!(rss_bytes(pid).unwrap() > 100 * 1024);
+    }
+
+    #[test]
+    fn sums_over_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let set = with_descendants(&[me]);
+        assert!(set.contains(&child.id()), "{set:?}");
+        let procs = Processes::new(vec![child.id()]);
+        assert!(procs.rss_bytes().unwrap().unwrap() > 0);
+        assert!(procs.cpu_seconds().unwrap().unwrap() >= 0.0);
+        assert!(Processes::new(vec![me]).cpu_seconds().unwrap().unwrap() > 0.0);
+        assert_eq!(Processes::default().cpu_seconds().unwrap(), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }

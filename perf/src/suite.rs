@@ -1,0 +1,859 @@
+//! `ringway-perf suite`: every scenario, every variant, side by side, in
+//! one run on the two-node rig (see `nodes`).
+//!
+//! Variants are columns: direct (no proxy), ringway passthrough, ringway
+//! HBONE (per `--cores` value of a sweep), and optionally a peer proxy
+//! reached through SOCKS5. Each round runs every scenario on every variant;
+//! the variant order rotates with the round and the scenario so slow drift
+//! on a shared machine hits every column alike. Reported numbers are
+//! medians over rounds; ratios compare against direct from the same run.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::calibrate::{self, Calibration};
+use crate::charts::{self, Bar, Series};
+use crate::machine::{self, Machine};
+use crate::nodes::{self, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, Variant};
+use crate::report::{fmt_num, markdown_table, Collector, MetricSummary};
+use crate::rr::Limit;
+use crate::scenario::{Kind, Scenario};
+use crate::throughput::Direction;
+use crate::units::{fmt_duration, fmt_size, parse_duration, parse_size};
+use crate::{connect, idle, rig, rr, throughput};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SuiteArgs {
+    /// The ringway binary (default: next to this one).
+    #[arg(long)]
+    pub ringway: Option<PathBuf>,
+    /// Results folder (results.json, results.md, *.svg, logs/).
+    #[arg(long, default_value = "perf-results")]
+    pub out: PathBuf,
+    /// About one minute: 3 rounds, 128 MiB per throughput run, 2 s rr,
+    /// 1 s connect, 200 idle connections, a short calibration. Explicit
+    /// flags still win.
+    #[arg(long)]
+    pub quick: bool,
+    /// Rounds (default 5; quick 3). Each runs every scenario on every variant.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Scenarios to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "throughput,rr,connect,idle"
+    )]
+    pub scenarios: Vec<Kind>,
+    /// Bytes per throughput run, split evenly over the streams (default
+    /// 1G; quick 128M).
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: Option<u64>,
+    /// Throughput stream counts, comma-separated; each is its own scenario.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    pub streams: Vec<usize>,
+    #[arg(long, value_enum, default_value = "up")]
+    pub direction: Direction,
+    /// rr duration per run (default 10s; quick 2s).
+    #[arg(long, value_parser = parse_duration)]
+    pub rr_duration: Option<Duration>,
+    /// rr request and response size in bytes.
+    #[arg(long, default_value_t = 1)]
+    pub rr_size: u32,
+    /// rr connections, each with one request in flight.
+    #[arg(long, default_value_t = 1)]
+    pub rr_connections: usize,
+    /// connect duration per run (default 5s; quick 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub connect_duration: Option<Duration>,
+    /// connect workers, each with one connection in flight.
+    #[arg(long, default_value_t = 4)]
+    pub connect_concurrency: usize,
+    /// Idle connections held open (default 1000; quick 200).
+    #[arg(long)]
+    pub idle_connections: Option<usize>,
+    /// Wait before reading the proxy's RSS (default 2s; quick 500ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub idle_settle: Option<Duration>,
+    /// ringway `--cores` for a core-pinning sweep. Repeat the flag, one
+    /// value per ringway pair: `--cores 1 --cores 2`. Each value goes to
+    /// ringway as is: a count ("2") or a CPU list ("0-1", "1-1,3-3").
+    /// Without it, ringway uses every CPU.
+    #[arg(long = "cores", value_parser = parse_cores)]
+    pub cores: Vec<String>,
+    /// SOCKS5 address of a peer proxy (an extra column); needs --peer-cmd.
+    #[arg(long, requires = "peer_cmd")]
+    pub peer_socks: Option<SocketAddr>,
+    /// Command line that starts the peer proxy inside node A's namespace
+    /// (through `sh -c`). {config}, {ca_dir}, {client_ip} and {logs} are
+    /// replaced with the rig's mesh config, CA directory, the client
+    /// workload's address and the log folder.
+    #[arg(long, requires = "peer_socks")]
+    pub peer_cmd: Option<String>,
+    /// Column title of the peer.
+    #[arg(long, default_value = "peer")]
+    pub peer_name: String,
+    /// Where the peer's connections go: plain (non-mesh destination) or
+    /// hbone (the HBONE workload behind ringway B).
+    #[arg(long, value_enum, default_value = "plain")]
+    pub peer_target: PeerTarget,
+    /// Skip the iperf3 comparison of the load generator.
+    #[arg(long)]
+    pub no_calibrate: bool,
+    /// RUST_LOG for the ringways.
+    #[arg(long, default_value = "warn")]
+    pub proxy_log_level: String,
+}
+
+/// A `--cores` value: ringway's syntax, but "1,2" is refused as ambiguous
+/// (a sweep of 1 and 2 cores, or CPUs 1 and 2?).
+pub fn parse_cores(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let valid = !t.is_empty()
+        && t.split(',').all(|part| {
+            let mut ends = part.split('-');
+            let ok = |x: Option<&str>| x.is_some_and(|x| !x.is_empty() && x.parse::<u32>().is_ok());
+            match (ends.next(), ends.next(), ends.next()) {
+                (a, None, None) => ok(a),
+                (a, b, None) => ok(a) && ok(b),
+                _ => false,
+            }
+        });
+    if !valid {
+        return Err(format!(
+            "invalid --cores {t:?}: a count (\"2\") or a CPU list (\"0-1\", \"1-1,3-3\")"
+        ));
+    }
+    if t.contains(',') && !t.contains('-') {
+        return Err(format!(
+            "--cores {t:?} is ambiguous: for a sweep repeat the flag (--cores 1 --cores 2); \
+             for a CPU list use ranges (\"0-1\" or \"1-1,3-3\")"
+        ));
+    }
+    Ok(t.to_string())
+}
+
+/// CPUs a `--cores` value stands for ("2" → 2, "0-1,3-3" → 3).
+pub fn cpu_count(cores: &str) -> Option<usize> {
+    if !cores.contains(['-', ',']) {
+        return cores.parse().ok();
+    }
+    cores
+        .split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => Some(b.parse::<usize>().ok()?.checked_sub(a.parse().ok()?)? + 1),
+            None => part.parse::<usize>().ok().map(|_| 1),
+        })
+        .sum()
+}
+
+/// Everything the run used, after `--quick` and defaults.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    pub quick: bool,
+    pub rounds: usize,
+    pub scenarios: Vec<Scenario>,
+    pub core_sets: Vec<Option<String>>,
+    pub calibrate: Option<calibrate::Params>,
+    pub peer: Option<PeerSettings>,
+    pub proxy_log_level: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerSettings {
+    pub name: String,
+    pub socks: SocketAddr,
+    pub command: String,
+    pub target: PeerTarget,
+}
+
+impl Settings {
+    pub fn resolve(a: &SuiteArgs) -> anyhow::Result<Settings> {
+        let q = a.quick;
+        let pick = |v: Option<Duration>, full: u64, quick: u64| {
+            v.unwrap_or(Duration::from_millis(if q { quick } else { full }))
+        };
+        let rounds = a.rounds.unwrap_or(if q { 3 } else { 5 });
+        anyhow::ensure!(rounds > 0, "--rounds must be ≥ 1");
+        let bytes = a.bytes.unwrap_or(if q { 128 << 20 } else { 1 << 30 });
+        let mut scenarios = Vec::new();
+        for kind in dedup(&a.scenarios) {
+            match kind {
+                Kind::Throughput => {
+                    for &streams in &dedup(&a.streams) {
+                        anyhow::ensure!(streams > 0, "--streams must be ≥ 1");
+                        scenarios.push(Scenario::Throughput(throughput::Params {
+                            streams,
+                            bytes_per_stream: (bytes / streams as u64).max(1),
+                            direction: a.direction,
+                        }));
+                    }
+                }
+                Kind::Rr => scenarios.push(Scenario::Rr(rr::Params {
+                    size: a.rr_size.max(1),
+                    connections: a.rr_connections.max(1),
+                    limit: Limit::Duration(pick(a.rr_duration, 10_000, 2_000)),
+                })),
+                Kind::Connect => scenarios.push(Scenario::Connect(connect::Params {
+                    concurrency: a.connect_concurrency.max(1),
+                    limit: Limit::Duration(pick(a.connect_duration, 5_000, 1_000)),
+                })),
+                Kind::Idle => scenarios.push(Scenario::Idle(idle::Params {
+                    connections: a.idle_connections.unwrap_or(if q { 200 } else { 1000 }),
+                    settle: pick(a.idle_settle, 2_000, 500),
+                })),
+            }
+        }
+        anyhow::ensure!(!scenarios.is_empty(), "no scenario selected");
+        let core_sets = if a.cores.is_empty() {
+            vec![None]
+        } else {
+            dedup(&a.cores).into_iter().map(Some).collect()
+        };
+        anyhow::ensure!(
+            core_sets.len() <= nodes::MAX_CORE_SETS,
+            "at most {} --cores values",
+            nodes::MAX_CORE_SETS
+        );
+        let calibrate = (!a.no_calibrate).then_some(calibrate::Params {
+            seconds: if q { 2.0 } else { 5.0 },
+            rounds: if q { 2 } else { 3 },
+            streams: 1,
+            iperf3_len: "1M".into(),
+            min_ratio: 0.9,
+        });
+        let peer = match (&a.peer_socks, &a.peer_cmd) {
+            (Some(socks), Some(cmd)) => Some(PeerSettings {
+                name: a.peer_name.clone(),
+                socks: *socks,
+                command: cmd.clone(),
+                target: a.peer_target,
+            }),
+            _ => None,
+        };
+        Ok(Settings {
+            quick: q,
+            rounds,
+            scenarios,
+            core_sets,
+            calibrate,
+            peer,
+            proxy_log_level: a.proxy_log_level.clone(),
+        })
+    }
+}
+
+fn dedup<T: Clone + PartialEq>(v: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for x in v {
+        if !out.contains(x) {
+            out.push(x.clone());
+        }
+    }
+    out
+}
+
+/// Progress lines on stderr, stamped with the time since start.
+struct Progress {
+    start: Instant,
+}
+
+impl Progress {
+    fn line(&self, msg: &str) {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "[{:6.1}s] {msg}", self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// One measurement as it happened: the raw sample.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunRecord {
+    pub round: usize,
+    pub scenario: String,
+    pub variant: String,
+    pub seconds: f64,
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScalingPoint {
+    pub cores: String,
+    pub cpus: Option<usize>,
+    pub median: Option<f64>,
+    pub per_cpu: Option<f64>,
+    pub vs_first: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScalingRow {
+    pub mode: String,
+    pub id: String,
+    pub scenario: String,
+    pub metric: String,
+    pub points: Vec<ScalingPoint>,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub settings: Settings,
+    pub calibration: Option<Calibration>,
+    pub variants: Vec<Variant>,
+    pub metrics: Vec<MetricSummary>,
+    pub scaling: Vec<ScalingRow>,
+    pub runs: Vec<RunRecord>,
+    pub notes: Vec<String>,
+    pub failed_runs: usize,
+    pub charts: Vec<String>,
+    pub duration_s: f64,
+}
+
+pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
+    let settings = Settings::resolve(&args)?;
+    rig::require_root("ringway-perf suite")?;
+    let bin = crate::ringway_bin(args.ringway.as_deref())?;
+    crate::raise_fd_limit();
+    let out = args.out.clone();
+    std::fs::create_dir_all(&out).with_context(|| format!("results folder {}", out.display()))?;
+    let progress = Progress {
+        start: Instant::now(),
+    };
+    let machine = machine::describe(Some(&bin));
+    progress.line(&format!(
+        "ringway-perf suite: {} rounds, {} scenarios, {} CPUs, {} ({}), results in {}",
+        settings.rounds,
+        settings.scenarios.len(),
+        machine.nproc,
+        machine.ringway.as_ref().map_or("?", |r| r.version.as_str()),
+        bin.display(),
+        out.display()
+    ));
+
+    let calibration = match &settings.calibrate {
+        None => None,
+        Some(p) => {
+            progress.line("calibrating the load generator against iperf3 on loopback");
+            let c = calibrate::run(p, &mut |l| progress.line(l))?;
+            progress.line(&c.summary());
+            Some(c)
+        }
+    };
+
+    let mut nodes = Nodes::start(
+        &NodesConfig {
+            ringway: bin.clone(),
+            core_sets: settings.core_sets.clone(),
+            log_dir: out.join("logs"),
+            log_level: settings.proxy_log_level.clone(),
+            peer: settings.peer.as_ref().map(|p| PeerSpec {
+                name: p.name.clone(),
+                command: p.command.clone(),
+                socks: p.socks,
+                target: p.target,
+            }),
+        },
+        &mut |l| progress.line(l),
+    )?;
+    let variants = nodes.variants();
+    for v in &variants {
+        progress.line(&format!(
+            "variant {:<28} {}  proxy pids {:?}",
+            v.label,
+            v.dialer.describe(),
+            v.procs.roots
+        ));
+    }
+
+    let (runs, collector, notes, outcome) = measure(&settings, &mut nodes, &progress);
+    // Final pids (the idle scenario restarts proxies).
+    let variants = nodes.variants();
+    drop(nodes);
+
+    let metrics = collector.summarize(0);
+    let scaling = scaling(&metrics, &variants);
+    let mut report = Report {
+        machine,
+        settings,
+        calibration,
+        variants,
+        failed_runs: runs.iter().filter(|r| r.error.is_some()).count(),
+        metrics,
+        scaling,
+        runs,
+        notes,
+        charts: Vec::new(),
+        duration_s: progress.start.elapsed().as_secs_f64(),
+    };
+    report.charts = write_charts(&out, &report).unwrap_or_else(|e| {
+        progress.line(&format!("charts failed: {e:#}"));
+        report.notes.push(format!("charts failed: {e:#}"));
+        Vec::new()
+    });
+    let md = markdown(&report);
+    std::fs::write(out.join("results.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    println!("{md}");
+    progress.line(&format!(
+        "results written to {}/results.{{json,md}} and {} chart(s)",
+        out.display(),
+        report.charts.len()
+    ));
+    outcome?;
+    if report.failed_runs > 0 {
+        anyhow::bail!(
+            "{} measurement(s) failed; see the notes in {}/results.md",
+            report.failed_runs,
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// Warm-up, then every round. Returns what was measured even when a proxy
+/// dies half way (the error comes last).
+fn measure(
+    settings: &Settings,
+    nodes: &mut Nodes,
+    progress: &Progress,
+) -> (Vec<RunRecord>, Collector, Vec<String>, anyhow::Result<()>) {
+    let mut variants = nodes.variants();
+    let mut collector = Collector::new(variants.iter().map(|v| v.key.clone()).collect());
+    let mut runs = Vec::new();
+    let mut notes = Vec::new();
+    let result = (|| -> anyhow::Result<()> {
+        warm_up(nodes, &variants, progress)?;
+        let applicable = |s: &Scenario| {
+            variants
+                .iter()
+                .filter(|v| !s.needs_proxy() || !v.procs.is_empty())
+                .count()
+        };
+        let total = settings.rounds * settings.scenarios.iter().map(applicable).sum::<usize>();
+        let mut done = 0;
+        let width = variants.iter().map(|v| v.label.len()).max().unwrap_or(10);
+        for round in 0..settings.rounds {
+            for (si, scenario) in settings.scenarios.iter().enumerate() {
+                let label = scenario.label();
+                let n = variants.len();
+                for k in 0..n {
+                    let vi = (round + si + k) % n;
+                    if scenario.needs_proxy() {
+                        if variants[vi].procs.is_empty() {
+                            continue;
+                        }
+                        // Memory from a clean slate: fresh proxy processes.
+                        nodes
+                            .restart_for(&variants[vi])
+                            .with_context(|| format!("restart {}", variants[vi].label))?;
+                        variants = nodes.variants();
+                    }
+                    let v = &variants[vi];
+                    done += 1;
+                    let (s2, d, p) = (scenario.clone(), v.dialer.clone(), v.procs.clone());
+                    let t0 = Instant::now();
+                    let r = nodes.a.enter(move || s2.run(&d, &p))?;
+                    let seconds = t0.elapsed().as_secs_f64();
+                    let head = format!(
+                        "[{done:>3}/{total}] round {}/{} {label:<30} {:<width$}",
+                        round + 1,
+                        settings.rounds,
+                        v.label
+                    );
+                    match r {
+                        Ok(m) => {
+                            progress.line(&format!("{head} {}", m.summary));
+                            for (def, value) in &m.metrics {
+                                collector.add(def, vi, *value);
+                            }
+                            if let Some(w) = m.warning {
+                                notes.push(format!(
+                                    "round {}, {label}, {}: {w}",
+                                    round + 1,
+                                    v.label
+                                ));
+                            }
+                            runs.push(RunRecord {
+                                round: round + 1,
+                                scenario: label.clone(),
+                                variant: v.key.clone(),
+                                seconds,
+                                result: Some(m.raw),
+                                error: None,
+                            });
+                        }
+                        Err(e) => {
+                            progress.line(&format!("{head} FAILED: {e}"));
+                            notes.push(format!(
+                                "round {}, {label}, {}: FAILED: {e}",
+                                round + 1,
+                                v.label
+                            ));
+                            runs.push(RunRecord {
+                                round: round + 1,
+                                scenario: label.clone(),
+                                variant: v.key.clone(),
+                                seconds,
+                                result: None,
+                                error: Some(e.to_string()),
+                            });
+                        }
+                    }
+                    nodes.check_alive()?;
+                }
+            }
+        }
+        Ok(())
+    })();
+    (runs, collector, notes, result)
+}
+
+/// A short, unrecorded pass over every variant: TLS pools, page cache, TCP
+/// autotuning. A variant that cannot move bytes fails the suite here.
+fn warm_up(nodes: &mut Nodes, variants: &[Variant], progress: &Progress) -> anyhow::Result<()> {
+    let warm = [
+        Scenario::Throughput(throughput::Params {
+            streams: 1,
+            bytes_per_stream: 32 << 20,
+            direction: Direction::Up,
+        }),
+        Scenario::Rr(rr::Params {
+            size: 1,
+            connections: 1,
+            limit: Limit::Count(200),
+        }),
+        Scenario::Connect(connect::Params {
+            concurrency: 2,
+            limit: Limit::Count(100),
+        }),
+    ];
+    for v in variants {
+        for s in &warm {
+            let (s2, d, p) = (s.clone(), v.dialer.clone(), v.procs.clone());
+            nodes
+                .a
+                .enter(move || s2.run(&d, &p))?
+                .with_context(|| format!("warm-up of {} ({}) failed", v.label, s.label()))?;
+        }
+        nodes.check_alive()?;
+        progress.line(&format!("warmed up {}", v.label));
+    }
+    Ok(())
+}
+
+/// Per-core scaling of the ringway variants across the `--cores` sweep.
+fn scaling(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<ScalingRow> {
+    let mut rows = Vec::new();
+    for (mode, kind) in [
+        ("passthrough", VariantKind::Passthrough),
+        ("hbone", VariantKind::Hbone),
+    ] {
+        let of_kind: Vec<&Variant> = variants.iter().filter(|v| v.kind == kind).collect();
+        if of_kind.len() < 2 {
+            continue;
+        }
+        for m in metrics.iter().filter(|m| {
+            m.def.higher_is_better
+                && (m.def.id.ends_with(".gbps")
+                    || m.def.id.ends_with(".rps")
+                    || m.def.id.ends_with(".cps"))
+        }) {
+            let first = m.median_of(&of_kind[0].key);
+            let points = of_kind
+                .iter()
+                .map(|v| {
+                    let median = m.median_of(&v.key);
+                    let cores = v.cores.clone().unwrap_or_else(|| "all".into());
+                    let cpus = v.cores.as_deref().and_then(cpu_count);
+                    ScalingPoint {
+                        per_cpu: median.zip(cpus).map(|(x, c)| x / c as f64),
+                        vs_first: crate::stats::ratio(median, first),
+                        cores,
+                        cpus,
+                        median,
+                    }
+                })
+                .collect();
+            rows.push(ScalingRow {
+                mode: mode.into(),
+                id: m.def.id.clone(),
+                scenario: m.def.scenario.clone(),
+                metric: m.def.name.clone(),
+                points,
+            });
+        }
+    }
+    rows
+}
+
+fn write_charts(out: &Path, r: &Report) -> anyhow::Result<Vec<String>> {
+    let mut written = Vec::new();
+    let color_of = |key: &str| r.variants.iter().position(|v| v.key == key).unwrap_or(0);
+    let label_of = |key: &str| {
+        r.variants
+            .iter()
+            .find(|v| v.key == key)
+            .map_or(key.to_string(), |v| v.label.clone())
+    };
+    // Throughput bars: every throughput scenario × variant.
+    let mut bars = Vec::new();
+    for m in r
+        .metrics
+        .iter()
+        .filter(|m| m.def.id.starts_with("throughput.") && m.def.id.ends_with(".gbps"))
+    {
+        let short = m.def.scenario.trim_start_matches("throughput ").to_string();
+        for v in &m.values {
+            if let Some(x) = v.median {
+                bars.push(Bar {
+                    label: format!("{short} · {}", label_of(&v.variant)),
+                    color: color_of(&v.variant),
+                    value: x,
+                });
+            }
+        }
+    }
+    if !bars.is_empty() {
+        charts::bars(
+            &out.join("throughput.svg"),
+            "Throughput (median over rounds)",
+            "Gbit/s",
+            &bars,
+        )?;
+        written.push("throughput.svg".to_string());
+    }
+    // Latency percentiles of rr and connect.
+    for (id, file, title) in [
+        (
+            "rr",
+            "rr-latency.svg",
+            "Request/response latency (median over rounds)",
+        ),
+        (
+            "connect",
+            "connect-latency.svg",
+            "Connect to first byte (median over rounds)",
+        ),
+    ] {
+        let keys = ["p50", "p90", "p99", "p999", "max"];
+        let rows: Vec<&MetricSummary> = keys
+            .iter()
+            .filter_map(|k| r.metrics.iter().find(|m| m.def.id == format!("{id}.{k}")))
+            .collect();
+        if rows.len() != keys.len() {
+            continue;
+        }
+        let series: Vec<Series> = r
+            .variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Series {
+                label: v.label.clone(),
+                color: i,
+                values: rows.iter().map(|m| m.median_of(&v.key)).collect(),
+            })
+            .filter(|s| s.values.iter().any(Option::is_some))
+            .collect();
+        let title = format!("{title}: {}", rows[0].def.scenario);
+        charts::percentiles(
+            &out.join(file),
+            &title,
+            &["p50", "p90", "p99", "p99.9", "max"],
+            &series,
+        )?;
+        written.push(file.to_string());
+    }
+    Ok(written)
+}
+
+fn markdown(r: &Report) -> String {
+    let m = &r.machine;
+    let mut s = String::from("# ringway-perf suite\n\n");
+    let ringway = m.ringway.as_ref().map_or("?".to_string(), |rw| {
+        format!(
+            "{} @ {}{}",
+            rw.version,
+            rw.commit
+                .as_deref()
+                .map_or("unknown commit", |c| &c[..c.len().min(12)]),
+            if rw.dirty == Some(true) {
+                " (+ uncommitted changes)"
+            } else {
+                ""
+            }
+        )
+    });
+    s += &format!(
+        "- **when**: {} ({:.0} s){}\n- **machine**: {} CPUs ({}), {} GiB RAM, Linux {}, {}\n- **ringway**: {ringway}\n",
+        m.started_utc,
+        r.duration_s,
+        if r.settings.quick { ", `--quick`" } else { "" },
+        m.nproc,
+        m.cpu_model,
+        m.mem_total_gib,
+        m.kernel,
+        m.os,
+    );
+    s += &format!(
+        "- **method**: {} rounds; in every round each scenario runs once per variant, in an order that rotates \
+         with round and scenario. Values are medians over rounds; `(0.52×)` is the ratio to direct in this run; \
+         ↑ higher is better, ↓ lower is better. Proxy CPU and RSS are summed over the variant's proxy processes \
+         (hbone: ringway A + ringway B). The load generator, the sink and the proxies share the machine.\n\n",
+        r.settings.rounds
+    );
+    let labels: Vec<String> = r.variants.iter().map(|v| v.label.clone()).collect();
+    s += &markdown_table(&r.metrics, &labels);
+
+    if !r.scaling.is_empty() {
+        s += "\n## Core scaling\n\nringway variants per `--cores` value (median; × vs the first value; per CPU).\n\n";
+        let cores: Vec<String> = r.scaling[0]
+            .points
+            .iter()
+            .map(|p| p.cores.clone())
+            .collect();
+        s += "| mode | scenario | metric |";
+        for c in &cores {
+            s += &format!(" cores {c} |");
+        }
+        s += "\n|---|---|---|";
+        s += &"---:|".repeat(cores.len());
+        s += "\n";
+        for row in &r.scaling {
+            s += &format!("| {} | {} | {} |", row.mode, row.scenario, row.metric);
+            let digits = if row.metric == "Gbit/s" { 2 } else { 0 };
+            for p in &row.points {
+                let mut cell = fmt_num(p.median, digits);
+                if let Some(x) = p.vs_first {
+                    cell += &format!(" ({x:.2}×");
+                    if let Some(pc) = p.per_cpu {
+                        cell += &format!(", {} per CPU", fmt_num(Some(pc), digits));
+                    }
+                    cell += ")";
+                }
+                s += &format!(" {cell} |");
+            }
+            s += "\n";
+        }
+    }
+
+    s += "\n## Load generator calibration\n\n";
+    match &r.calibration {
+        Some(c) => {
+            s += &format!("{} ({}).\n", c.summary(), c.iperf3_version);
+            if !c.pass {
+                s += "\n**The generator did not reach 90 % of iperf3 on this machine during this run: \
+                      treat the direct column's throughput as a lower bound.**\n";
+            }
+        }
+        None => s += "skipped (`--no-calibrate`).\n",
+    }
+
+    s += "\n## Variants\n\n";
+    for v in &r.variants {
+        s += &format!(
+            "- **{}**: {}{}\n",
+            v.label,
+            describe_variant(v),
+            if v.procs.is_empty() {
+                String::new()
+            } else {
+                format!(" (measured pids {:?})", v.procs.roots)
+            }
+        );
+    }
+    s += "\nScenarios:\n\n";
+    for sc in &r.settings.scenarios {
+        s += &format!("- `{}`: {}\n", sc.label(), describe_scenario(sc));
+    }
+
+    if !r.charts.is_empty() {
+        s += "\n## Charts\n\n";
+        for c in &r.charts {
+            s += &format!("![{c}]({c})\n\n");
+        }
+    }
+    if !r.notes.is_empty() {
+        s += "\n## Notes\n\n";
+        for n in &r.notes {
+            s += &format!("- {n}\n");
+        }
+    }
+    s
+}
+
+fn describe_variant(v: &Variant) -> String {
+    let path = match v.kind {
+        VariantKind::Direct => {
+            "no proxy; the client connects to the non-mesh address on an uncaptured port"
+        }
+        VariantKind::Passthrough => {
+            "captured by node A's nftables → ringway A → plain TCP (splice) to the non-mesh address"
+        }
+        VariantKind::Hbone => {
+            "captured → ringway A → HBONE (mTLS HTTP/2 CONNECT) → ringway B → sink"
+        }
+        VariantKind::Peer => "SOCKS5 CONNECT to the peer proxy in node A",
+    };
+    format!("{path}; `{}`", v.dialer.describe())
+}
+
+fn describe_scenario(s: &Scenario) -> String {
+    match s {
+        Scenario::Throughput(p) => format!(
+            "{} parallel stream(s), {} each, {}; Gbit/s of payload that arrived",
+            p.streams,
+            fmt_size(p.bytes_per_stream),
+            p.direction.as_str()
+        ),
+        Scenario::Rr(p) => format!(
+            "{} connection(s), one {}-byte request then a {}-byte response at a time, for {}",
+            p.connections,
+            p.size,
+            p.size,
+            match p.limit {
+                Limit::Duration(d) => fmt_duration(d),
+                Limit::Count(c) => format!("{c} requests"),
+            }
+        ),
+        Scenario::Connect(p) => format!(
+            "{} worker(s), each: connect, 1-byte request, 1-byte response, close; latency from connect() to the response byte",
+            p.concurrency
+        ),
+        Scenario::Idle(p) => format!(
+            "on freshly restarted proxies (one connection primes the path first): {} connections opened \
+             and proved with one exchange each, held idle; proxy RSS growth read after {}, divided by {}",
+            p.connections,
+            fmt_duration(p.settle),
+            p.connections
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_values() {
+        assert_eq!(parse_cores("2").unwrap(), "2");
+        assert_eq!(parse_cores(" 0-1 ").unwrap(), "0-1");
+        assert_eq!(parse_cores("1-1,3-3").unwrap(), "1-1,3-3");
+        assert!(parse_cores("1,2").unwrap_err().contains("ambiguous"));
+        assert!(parse_cores("").is_err());
+        assert!(parse_cores("a").is_err());
+        assert!(parse_cores("1-").is_err());
+        assert_eq!(cpu_count("2"), Some(2));
+        assert_eq!(cpu_count("0-1"), Some(2));
+        assert_eq!(cpu_count("0-1,3-3"), Some(3));
+        assert_eq!(cpu_count("3-1"), None);
+    }
+}

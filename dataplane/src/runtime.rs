@@ -173,6 +173,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         "cannot create the per-core io_uring (is io_uring disabled by sysctl or seccomp?)",
     )?;
     glommio::spawn_local(poller.clone().pump()).detach();
+    glommio::spawn_local(poller.clone().sweep(Duration::from_millis(20))).detach();
     let core = Rc::new(CoreInputs {
         index,
         copier: Copier::new(poller.clone(), cfg.copy_mode),

@@ -53,6 +53,7 @@ struct Nodes {
     dir: tempfile::TempDir,
     rw_a: Option<Ringway>,
     rw_b: Option<Ringway>,
+    b_args: Vec<String>,
 }
 
 impl Nodes {
@@ -78,6 +79,7 @@ impl Nodes {
             dir,
             rw_a: None,
             rw_b: None,
+            b_args: vec![],
         };
         let args = |node: &str| -> Vec<String> {
             let mut v: Vec<String> = [
@@ -109,15 +111,16 @@ impl Nodes {
                 .a
                 .ringway(&a_args.iter().map(String::as_str).collect::<Vec<_>>()),
         );
+        nodes.b_args = args("node-b");
         if with_b {
-            let b_args = args("node-b");
-            nodes.rw_b = Some(
-                nodes
-                    .b
-                    .ringway(&b_args.iter().map(String::as_str).collect::<Vec<_>>()),
-            );
+            nodes.start_b();
         }
         nodes
+    }
+
+    fn start_b(&mut self) {
+        let args: Vec<&str> = self.b_args.iter().map(String::as_str).collect();
+        self.rw_b = Some(self.b.ringway(&args));
     }
 
     fn ca_dir(&self) -> PathBuf {
@@ -663,6 +666,38 @@ fn ringway_server_rejects_bad_peers_and_requests() {
         assert!(
             errors.iter().any(|e| e.contains(needle)),
             "no log for {needle}: {errors:#?}"
+        );
+    }
+}
+
+#[test]
+fn pooled_connection_to_a_restarted_peer_is_replaced() {
+    let mut nodes = Nodes::new("rst", true, &[]);
+    nodes.b.enter(|| {
+        let l = TcpListener::bind(format!("{SERVER_IP}:8084")).unwrap();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let _ = s.write_all(b"hi");
+            }
+        });
+    });
+    let ask = |ns: &str| {
+        in_netns(ns, || {
+            let mut c = connect_from_client(&format!("{SERVER_IP}:8084"))?;
+            let mut s = String::new();
+            c.read_to_string(&mut s)?;
+            Ok::<_, std::io::Error>(s)
+        })
+    };
+    assert_eq!(ask(&nodes.a.name).unwrap(), "hi");
+    // Node B's ringway restarts: A's pooled connection to it is now dead.
+    nodes.rw_b = None;
+    nodes.start_b();
+    for i in 0..4 {
+        assert_eq!(
+            ask(&nodes.a.name).unwrap_or_else(|e| panic!("request {i} after restart: {e}")),
+            "hi"
         );
     }
 }

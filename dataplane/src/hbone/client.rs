@@ -67,43 +67,80 @@ pub struct OpenStream {
 }
 
 /// Opens a CONNECT stream for `t`, reusing or creating a pooled connection.
+///
+/// A pooled connection can die between two uses (peer restarted, idle
+/// timeout on the other side) before its driver notices. If the stream
+/// fails on such a connection before the peer accepted it, nothing reached
+/// the destination: mark the connection broken and retry once on another.
 pub async fn open(core: &Rc<CoreInputs>, t: Tunnel<'_>) -> Result<OpenStream, HboneError> {
     let key = PoolKey {
         src: t.src_identity.clone(),
         dst: t.dst_identity.clone(),
         dst_ip: t.target.ip(),
     };
-    let lease = core.pool.lease(&key, |id| connect(core, &key, id)).await?;
-    let peer = SocketAddr::new(key.dst_ip, core.pool.cfg.hbone_port);
+    let mut retried = false;
+    loop {
+        let lease = core.pool.lease(&key, |id| connect(core, &key, id)).await?;
+        let reused = lease.conn.streams_opened() > 0;
+        match open_on(core, &t, lease).await {
+            Err(Attempt::ConnectionDead(e)) if reused && !retried => {
+                tracing::debug!(error = %e, "pooled HBONE connection was dead; retrying on a new one");
+                retried = true;
+            }
+            Err(Attempt::ConnectionDead(e)) | Err(Attempt::Failed(e)) => return Err(e),
+            Ok(s) => return Ok(s),
+        }
+    }
+}
+
+enum Attempt {
+    /// The connection failed before the peer took the stream.
+    ConnectionDead(HboneError),
+    Failed(HboneError),
+}
+
+async fn open_on(
+    core: &Rc<CoreInputs>,
+    t: &Tunnel<'_>,
+    lease: Lease,
+) -> Result<OpenStream, Attempt> {
+    let peer = SocketAddr::new(t.target.ip(), core.pool.cfg.hbone_port);
+    lease.conn.note_stream_opened();
     let req = Request::builder()
         .method(Method::CONNECT)
         .uri(t.target.to_string())
-        .header("forwarded", t.forwarded)
-        .header("traceparent", t.traceparent);
+        .header("forwarded", t.forwarded.as_str())
+        .header("traceparent", t.traceparent.as_str());
     let req = if t.baggage.is_empty() {
         req
     } else {
-        req.header("baggage", t.baggage)
+        req.header("baggage", t.baggage.as_str())
     };
     let req = req
         .body(())
-        .map_err(|e| HboneError::H2(peer, e.to_string()))?;
-    let h2err = |e: h2::Error| {
-        lease
-            .conn
-            .broken
-            .set(e.is_go_away() || e.is_io() || lease.conn.broken.get());
-        HboneError::H2(peer, e.to_string())
+        .map_err(|e| Attempt::Failed(HboneError::H2(peer, e.to_string())))?;
+    // Connection-level failures (I/O, GOAWAY, refused stream) mean the peer
+    // never acted on the request.
+    let classify = |e: h2::Error| {
+        let dead = e.is_io() || e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM);
+        if dead {
+            lease.conn.broken.set(true);
+            Attempt::ConnectionDead(HboneError::H2(peer, e.to_string()))
+        } else {
+            Attempt::Failed(HboneError::H2(peer, e.to_string()))
+        }
     };
-    let sender = lease.conn.sender().ready().await.map_err(h2err)?;
-    let mut sender = sender;
-    let (response, send) = sender.send_request(req, false).map_err(h2err)?;
+    let mut sender = lease.conn.sender().ready().await.map_err(classify)?;
+    let (response, send) = sender.send_request(req, false).map_err(classify)?;
     let response = match with_timeout(core.cfg.connect.timeout, response).await {
-        None => return Err(HboneError::ConnectTimeout(peer)),
-        Some(r) => r.map_err(h2err)?,
+        None => return Err(Attempt::Failed(HboneError::ConnectTimeout(peer))),
+        Some(r) => r.map_err(classify)?,
     };
     if response.status() != StatusCode::OK {
-        return Err(HboneError::Status(t.target, response.status()));
+        return Err(Attempt::Failed(HboneError::Status(
+            t.target,
+            response.status(),
+        )));
     }
     Ok(OpenStream {
         send,

@@ -55,6 +55,9 @@ pub struct PooledConn {
     pub id: u64,
     sender: SendRequest<Bytes>,
     active: Cell<usize>,
+    /// Streams ever opened here: a never-used connection is fresh, so a
+    /// failure on it is not a stale-connection retry case.
+    opened: Cell<u64>,
     last_used: Cell<Instant>,
     /// Set by the connection's driver task when it ends.
     pub(crate) broken: Rc<Cell<bool>>,
@@ -66,6 +69,7 @@ impl PooledConn {
             id,
             sender,
             active: Cell::new(0),
+            opened: Cell::new(0),
             last_used: Cell::new(Instant::now()),
             broken,
         }
@@ -73,6 +77,14 @@ impl PooledConn {
 
     pub fn sender(&self) -> SendRequest<Bytes> {
         self.sender.clone()
+    }
+
+    pub fn streams_opened(&self) -> u64 {
+        self.opened.get()
+    }
+
+    pub fn note_stream_opened(&self) {
+        self.opened.set(self.opened.get() + 1);
     }
 }
 

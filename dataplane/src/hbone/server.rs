@@ -52,6 +52,11 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         return log.fail(format!("no certificate for {id}; refusing (fail closed)"));
     };
 
+    // NODELAY: TLS records and HTTP/2 frames are small writes; with Nagle
+    // plus delayed ACK each exchange can stall ~40 ms (stack-notes §3).
+    if let Err(e) = socket::tune_stream(&conn, core.cfg.connect.keepalive) {
+        tracing::debug!(error = %e, "could not tune the HBONE socket");
+    }
     let stream = FdStream::new(conn, core.poller.clone());
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
     let tls_stream = match with_timeout(core.cfg.handshake_timeout, acceptor.accept(stream)).await {

@@ -23,8 +23,11 @@ const LISTEN_ANY_PORT: [&str; 8] = [
 ];
 
 fn run_ringway(args: &[&str]) -> (i32, String) {
+    let ca = tempfile::tempdir().unwrap();
     let out = Command::new(common::ringway_bin())
         .args(LISTEN_ANY_PORT)
+        .arg("--ca-dir")
+        .arg(ca.path())
         .args(args)
         .output()
         .unwrap();

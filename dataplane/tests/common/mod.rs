@@ -202,6 +202,10 @@ impl Ringway {
         };
         cmd.args(["--log-format", "json", "--bound-addrs-file"])
             .arg(&addrs);
+        if !extra.contains(&"--ca-dir") {
+            // Never the default ./ringway-ca: tests must not write into the tree.
+            cmd.arg("--ca-dir").arg(dir.path().join("ca"));
+        }
         if !extra.contains(&"--readiness-addr") {
             cmd.args(["--readiness-addr", "127.0.0.1:0"]);
         }

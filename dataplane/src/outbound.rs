@@ -312,10 +312,16 @@ pub async fn route(
             log.dst_identity = Some(identity.to_string());
             // The tunnel speaks for the client's workload: no workload, no
             // identity, no tunnel.
+            // Take what the tunnel needs while the snapshot is borrowed:
+            // cloning the workload's Arc would touch a refcount every core
+            // shares.
             let source = log.src.and_then(|src| {
                 snapshot
                     .workload_by_addr(&core.cfg.network, src.ip())
-                    .cloned()
+                    .map(|w| Source {
+                        identity: w.identity(),
+                        baggage: hbone::baggage(w),
+                    })
             });
             drop(snapshot);
             let Some(source) = source else {
@@ -327,7 +333,7 @@ pub async fn route(
                 );
                 return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
             };
-            return proxy_hbone(core, client, target, identity, &source, log, downstream).await;
+            return proxy_hbone(core, client, target, identity, source, log, downstream).await;
         }
         Ok(Plan::Unsupported(why)) => {
             let why = format!("refused: {why}; never falling back to plaintext");
@@ -391,28 +397,34 @@ async fn announce(
     }
 }
 
+/// The workload an outbound HBONE tunnel speaks for.
+struct Source {
+    identity: Identity,
+    /// Its `baggage` header (ztunnel's format).
+    baggage: String,
+}
+
 /// Tunnels the client connection to `target` over HBONE.
 async fn proxy_hbone(
     core: &Rc<CoreInputs>,
     client: OwnedFd,
     target: SocketAddr,
     dst_identity: Identity,
-    source: &Workload,
+    source: Source,
     log: &mut ConnLog,
     downstream: &mut dyn Downstream,
 ) {
     let fd = client.as_raw_fd();
-    let src_identity = source.identity();
-    log.src_identity = Some(src_identity.to_string());
+    log.src_identity = Some(source.identity.to_string());
     log.upstream = Some(SocketAddr::new(target.ip(), core.pool.cfg.hbone_port));
     let traceparent = hbone::new_traceparent();
     log.trace = Some(traceparent.clone());
     let tunnel = hbone::client::Tunnel {
-        src_identity: &src_identity,
+        src_identity: &source.identity,
         dst_identity: &dst_identity,
         target,
         forwarded: hbone::forwarded_for(log.src.unwrap_or(target)),
-        baggage: hbone::baggage(source),
+        baggage: source.baggage,
         traceparent,
     };
     let stream = match hbone::client::open(core, tunnel).await {

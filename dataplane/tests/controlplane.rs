@@ -6,8 +6,10 @@
 
 mod common;
 
+use common::{ask, serve_tag};
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -160,24 +162,6 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.stop_devcp();
     }
-}
-
-fn serve_tag(addr: &'static str, tag: &'static str) {
-    let l = TcpListener::bind(addr).unwrap();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            let _ = s.write_all(tag.as_bytes());
-        }
-    });
-}
-
-fn ask(addr: &str) -> std::io::Result<String> {
-    let mut c = TcpStream::connect(addr)?;
-    c.set_read_timeout(Some(Duration::from_secs(15)))?;
-    let mut s = String::new();
-    c.read_to_string(&mut s)?;
-    Ok(s)
 }
 
 fn readiness(ns: &NetNs, rw: &Ringway) -> Option<u16> {

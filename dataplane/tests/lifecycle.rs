@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::{ask, serve_tag};
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -117,24 +119,6 @@ services:
     80: {port}
 "#
     )
-}
-
-fn serve_tag(addr: &'static str, tag: &'static str) {
-    let l = TcpListener::bind(addr).unwrap();
-    thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            let _ = s.write_all(tag.as_bytes());
-        }
-    });
-}
-
-fn ask(addr: &str) -> std::io::Result<String> {
-    let mut c = TcpStream::connect(addr)?;
-    c.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut s = String::new();
-    c.read_to_string(&mut s)?;
-    Ok(s)
 }
 
 #[test]

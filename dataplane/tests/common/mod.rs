@@ -409,3 +409,26 @@ pub fn recv_all(mut s: std::net::TcpStream) -> (usize, Checksum) {
         total += n;
     }
 }
+
+/// Serves `tag` to every connection on `addr` (then closes it), from a
+/// background thread; tells tests which upstream a connection reached.
+pub fn serve_tag(addr: &'static str, tag: &'static str) {
+    use std::io::Write;
+    let l = std::net::TcpListener::bind(addr).unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = s.write_all(tag.as_bytes());
+        }
+    });
+}
+
+/// Connects to `addr` and reads everything until the peer closes.
+pub fn ask(addr: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut c = std::net::TcpStream::connect(addr)?;
+    c.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    Ok(s)
+}

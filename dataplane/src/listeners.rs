@@ -104,6 +104,7 @@ impl SelfAddrs {
 /// accept on, so drain counts it even before the task first runs.
 pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
     let fd = listener.fd.as_raw_fd();
+    let reg = crate::uring::Registration::new(&core.poller, fd);
     loop {
         match socket::accept(fd) {
             Ok(conn) => {
@@ -112,7 +113,7 @@ pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
                 glommio::yield_if_needed().await;
             }
             Err(e) if socket::would_block(&e) => {
-                if let Err(e) = core.poller.ready(fd, libc::POLLIN).await {
+                if let Err(e) = reg.ready(libc::POLLIN).await {
                     tracing::error!(addr = %listener.addr, error = %e, "listener readiness failed");
                     glommio::timer::sleep(Duration::from_millis(100)).await;
                 }

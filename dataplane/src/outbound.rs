@@ -28,6 +28,7 @@ use crate::accesslog::ConnLog;
 use crate::hbone;
 use crate::runtime::CoreInputs;
 use crate::socket;
+use crate::uring::Registration;
 
 /// Where an outbound connection goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -383,7 +384,8 @@ async fn announce(
     let Some(bytes) = downstream.established(upstream) else {
         return true;
     };
-    let write = crate::stream::write_all(&core.poller, client.as_raw_fd(), &bytes);
+    let reg = Registration::new(&core.poller, client.as_raw_fd());
+    let write = crate::stream::write_all(&reg, &bytes);
     match hbone::with_timeout(core.cfg.handshake_timeout, write).await {
         Some(Ok(())) => true,
         Some(Err(e)) => {
@@ -502,8 +504,8 @@ pub async fn proxy_direct(
 /// the reply.
 pub(crate) async fn reply_and_close(core: &CoreInputs, fd: RawFd, bytes: &[u8]) {
     let limit = core.cfg.handshake_timeout;
-    let sent =
-        crate::hbone::with_timeout(limit, crate::stream::write_all(&core.poller, fd, bytes)).await;
+    let reg = Registration::new(&core.poller, fd);
+    let sent = crate::hbone::with_timeout(limit, crate::stream::write_all(&reg, bytes)).await;
     if matches!(sent, Some(Ok(()))) {
         let _ = socket::shutdown_write(fd);
         discard_pending(fd);

@@ -24,6 +24,7 @@ use crate::accesslog::ConnLog;
 use crate::outbound::{self, Downstream, Failure, Refusal};
 use crate::runtime::CoreInputs;
 use crate::socket;
+use crate::uring::Registration;
 
 // ---------------------------------------------------------------------------
 // Codec
@@ -432,7 +433,7 @@ async fn read_message<T>(
                         why: "handshake message too long".into(),
                     });
                 };
-                let got = crate::stream::read_some(&core.poller, fd, room)
+                let got = crate::stream::read_some(&Registration::new(&core.poller, fd), room)
                     .await
                     .map_err(|e| Abort {
                         reply: None,
@@ -451,7 +452,7 @@ async fn read_message<T>(
 }
 
 async fn write(core: &CoreInputs, fd: RawFd, bytes: &[u8]) -> Result<(), Abort> {
-    crate::stream::write_all(&core.poller, fd, bytes)
+    crate::stream::write_all(&Registration::new(&core.poller, fd), bytes)
         .await
         .map_err(|e| Abort {
             reply: None,

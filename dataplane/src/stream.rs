@@ -4,7 +4,6 @@
 //! userspace here; plain passthrough stays on [`crate::copy`].
 //! Core-local (!Send).
 
-use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
@@ -14,38 +13,76 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::socket;
-use crate::uring::{Poller, Ready};
+use crate::uring::{Poller, Registration};
+
+/// Bytes pulled from the socket per read when the caller asks for less.
+/// rustls reads TLS in slices of at most 4 KiB beyond a partial record, so
+/// without read-ahead a 16 KiB record costs several `recv` calls.
+const READ_AHEAD: usize = 64 << 10;
 
 /// A nonblocking TCP socket with tokio's I/O traits.
 pub struct FdStream {
+    // Declared before `fd`: the poll is removed before the socket closes.
+    reg: Registration,
     fd: OwnedFd,
-    poller: Rc<Poller>,
-    read_wait: Option<Ready>,
-    write_wait: Option<Ready>,
+    /// Read-ahead bytes not yet handed out; allocated per fill and dropped
+    /// as soon as it is drained, so an idle stream holds no buffer.
+    ahead: Option<Ahead>,
+}
+
+struct Ahead {
+    buf: Vec<u8>,
+    start: usize,
 }
 
 impl FdStream {
     pub fn new(fd: OwnedFd, poller: Rc<Poller>) -> Self {
         Self {
+            reg: Registration::new(&poller, fd.as_raw_fd()),
             fd,
-            poller,
-            read_wait: None,
-            write_wait: None,
+            ahead: None,
         }
     }
 
-    /// Waits on `slot` for `events`; Ready(Ok) means "try the syscall again".
-    fn wait(
-        poller: &Rc<Poller>,
-        fd: RawFd,
-        slot: &mut Option<Ready>,
-        events: i16,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        let fut = slot.get_or_insert_with(|| poller.ready(fd, events));
-        let r = ready!(Pin::new(fut).poll(cx));
-        *slot = None;
-        Poll::Ready(r.map(|_| ()))
+    /// One `read(2)`: straight into `buf` when it is large, else into a
+    /// fresh read-ahead buffer. Ok = bytes (or EOF) are in `buf`.
+    fn fill(&mut self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        if buf.remaining() >= READ_AHEAD {
+            let n = socket::read(fd, buf.initialize_unfilled())?;
+            buf.advance(n);
+            return Ok(());
+        }
+        let mut ahead = Vec::with_capacity(READ_AHEAD);
+        // SAFETY: read(2) writes at most READ_AHEAD bytes into the spare
+        // capacity; only the `n` it reports become visible.
+        let n = socket::read(fd, unsafe {
+            std::slice::from_raw_parts_mut(ahead.as_mut_ptr(), READ_AHEAD)
+        })?;
+        if n > 0 {
+            unsafe { ahead.set_len(n) };
+            self.ahead = Some(Ahead {
+                buf: ahead,
+                start: 0,
+            });
+            self.drain_ahead(buf);
+        }
+        Ok(())
+    }
+
+    fn drain_ahead(&mut self, buf: &mut ReadBuf<'_>) {
+        let Some(a) = &mut self.ahead else { return };
+        let n = (a.buf.len() - a.start).min(buf.remaining());
+        buf.put_slice(&a.buf[a.start..a.start + n]);
+        a.start += n;
+        if a.start == a.buf.len() {
+            self.ahead = None;
+        }
+    }
+
+    /// Waits for `events`; Ready(Ok) means "try the syscall again".
+    fn wait(&self, events: i16, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.reg.poll_ready(cx, events).map(|r| r.map(|_| ()))
     }
 }
 
@@ -61,14 +98,7 @@ impl FdStream {
             match write(self.fd.as_raw_fd()) {
                 Ok(n) => return Poll::Ready(Ok(n)),
                 Err(e) if socket::would_block(&e) => {
-                    let fd = self.fd.as_raw_fd();
-                    ready!(Self::wait(
-                        &self.poller,
-                        fd,
-                        &mut self.write_wait,
-                        libc::POLLOUT,
-                        cx
-                    ))?;
+                    ready!(self.wait(libc::POLLOUT, cx))?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
@@ -96,21 +126,15 @@ impl AsyncRead for FdStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.ahead.is_some() {
+            this.drain_ahead(buf);
+            return Poll::Ready(Ok(()));
+        }
         loop {
-            let dst = buf.initialize_unfilled();
-            match socket::read(this.fd.as_raw_fd(), dst) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+            match this.fill(buf) {
+                Ok(()) => return Poll::Ready(Ok(())),
                 Err(e) if socket::would_block(&e) => {
-                    ready!(Self::wait(
-                        &this.poller,
-                        this.fd.as_raw_fd(),
-                        &mut this.read_wait,
-                        libc::POLLIN,
-                        cx
-                    ))?;
+                    ready!(this.wait(libc::POLLIN | libc::POLLRDHUP, cx))?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
@@ -155,11 +179,11 @@ impl AsyncWrite for FdStream {
 }
 
 /// Reads some bytes from a plain socket, waiting for readiness.
-pub async fn read_some(poller: &Rc<Poller>, fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+pub async fn read_some(reg: &Registration, buf: &mut [u8]) -> io::Result<usize> {
     loop {
-        match socket::read(fd, buf) {
+        match socket::read(reg.fd(), buf) {
             Err(e) if socket::would_block(&e) => {
-                poller.ready(fd, libc::POLLIN | libc::POLLRDHUP).await?;
+                reg.ready(libc::POLLIN | libc::POLLRDHUP).await?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return other,
@@ -168,12 +192,12 @@ pub async fn read_some(poller: &Rc<Poller>, fd: RawFd, buf: &mut [u8]) -> io::Re
 }
 
 /// Writes all of `buf` to a plain socket, waiting for readiness.
-pub async fn write_all(poller: &Rc<Poller>, fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+pub async fn write_all(reg: &Registration, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        match socket::write(fd, buf) {
+        match socket::write(reg.fd(), buf) {
             Ok(n) => buf = &buf[n..],
             Err(e) if socket::would_block(&e) => {
-                poller.ready(fd, libc::POLLOUT).await?;
+                reg.ready(libc::POLLOUT).await?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),

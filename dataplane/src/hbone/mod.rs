@@ -28,7 +28,7 @@ use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 
 use crate::socket;
-use crate::uring::Poller;
+use crate::uring::{Poller, Registration};
 
 /// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
 #[derive(Clone, Copy, Debug)]
@@ -86,8 +86,9 @@ pub async fn pump(
     from_tunnel: &Cell<u64>,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
-    let mut up = pin!(socket_to_stream(poller, fd, &send, to_tunnel));
-    let mut down = pin!(stream_to_socket(poller, fd, &mut recv, from_tunnel));
+    let reg = Registration::new(poller, fd);
+    let mut up = pin!(socket_to_stream(&reg, &send, to_tunnel));
+    let mut down = pin!(stream_to_socket(&reg, &mut recv, from_tunnel));
     let (mut up_done, mut down_done) = (false, false);
     let failure = futures_lite::future::poll_fn(|cx| {
         if !up_done {
@@ -129,8 +130,7 @@ pub async fn pump(
 /// Plain socket → DATA frames, respecting the peer's flow-control window
 /// (reserve, wait for capacity, send at most that much).
 async fn socket_to_stream(
-    poller: &Rc<Poller>,
-    fd: RawFd,
+    reg: &Registration,
     send: &RefCell<SendStream<Bytes>>,
     moved: &Cell<u64>,
 ) -> Result<(), PumpOutcome> {
@@ -142,15 +142,14 @@ async fn socket_to_stream(
         // SAFETY: read(2) writes at most `spare` bytes; we only expose the
         // `n` bytes it reports.
         let spare = buf.capacity() - buf.len();
-        let n = match socket::read(fd, unsafe {
+        let n = match socket::read(reg.fd(), unsafe {
             std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(buf.len()), spare)
         }) {
             Ok(n) => n,
             Err(e) if socket::would_block(&e) => {
                 // Idle: hold no buffer while waiting.
                 buf = BytesMut::new();
-                poller
-                    .ready(fd, libc::POLLIN | libc::POLLRDHUP)
+                reg.ready(libc::POLLIN | libc::POLLRDHUP)
                     .await
                     .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
                 continue;
@@ -191,19 +190,18 @@ async fn socket_to_stream(
 /// DATA frames → plain socket; window released only after the bytes are
 /// written, so a slow reader back-pressures the sender.
 async fn stream_to_socket(
-    poller: &Rc<Poller>,
-    fd: RawFd,
+    reg: &Registration,
     recv: &mut RecvStream,
     moved: &Cell<u64>,
 ) -> Result<(), PumpOutcome> {
     loop {
         match recv.data().await {
             None => {
-                let _ = socket::shutdown_write(fd);
+                let _ = socket::shutdown_write(reg.fd());
                 return Ok(());
             }
             Some(Ok(data)) => {
-                crate::stream::write_all(poller, fd, &data)
+                crate::stream::write_all(reg, &data)
                     .await
                     .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
                 moved.set(moved.get() + data.len() as u64);

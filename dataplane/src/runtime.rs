@@ -139,14 +139,17 @@ pub struct CoreSeed {
 /// drain deadline cancels it.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
     let mut force_close = core.force_close.clone();
+    // Each path's future is boxed on its own: a task is as large as its
+    // future, and unboxed every connection would pay for the largest path
+    // (an HBONE server connection's TLS and HTTP/2 state).
     let work = async move {
         match log.path() {
-            TrafficPath::Outbound => crate::outbound::serve(core, conn, log).await,
+            TrafficPath::Outbound => Box::pin(crate::outbound::serve(core, conn, log)).await,
             TrafficPath::InboundPassthrough => {
-                crate::inbound_passthrough::serve(core, conn, log).await
+                Box::pin(crate::inbound_passthrough::serve(core, conn, log)).await
             }
-            TrafficPath::Inbound => crate::hbone::server::serve(core, conn, log).await,
-            TrafficPath::Socks5 => crate::socks5::serve(core, conn, log).await,
+            TrafficPath::Inbound => Box::pin(crate::hbone::server::serve(core, conn, log)).await,
+            TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)).await,
         }
     };
     let deadline = async move {

@@ -336,10 +336,12 @@ pub async fn route(
             };
             // Boxed: a plain connection must not carry the HBONE path's
             // state in its task (measured: 17 KiB of 18 per connection).
-            return Box::pin(proxy_hbone(
+            // (In its own statement: a temporary inside an awaited
+            // expression keeps its room in this future's state.)
+            let tunnel = Box::pin(proxy_hbone(
                 core, client, target, identity, source, log, downstream,
-            ))
-            .await;
+            ));
+            return tunnel.await;
         }
         Ok(Plan::Unsupported(why)) => {
             let why = format!("refused: {why}; never falling back to plaintext");
@@ -375,7 +377,10 @@ async fn refuse(
         // Boxed, like the write in `announce`: timed writes are large
         // futures, and every connection's task would otherwise reserve
         // room for them for its whole life.
-        Refusal::Reply(bytes) => Box::pin(reply_and_close(core, fd, &bytes)).await,
+        Refusal::Reply(bytes) => {
+            let reply = Box::pin(reply_and_close(core, fd, &bytes));
+            reply.await
+        }
     }
     log.fail(why);
 }
@@ -394,7 +399,8 @@ async fn announce(
     };
     let reg = Registration::new(&core.poller, client.as_raw_fd());
     let write = crate::stream::write_all(&reg, &bytes);
-    match Box::pin(hbone::with_timeout(core.cfg.handshake_timeout, write)).await {
+    let write = Box::pin(hbone::with_timeout(core.cfg.handshake_timeout, write));
+    match write.await {
         Some(Ok(())) => true,
         Some(Err(e)) => {
             log.fail(format!("could not tell the client it is connected: {e}"));
@@ -439,7 +445,8 @@ async fn proxy_hbone(
     };
     // Boxed: the pool's connect (TLS and HTTP/2 handshakes) is only alive
     // until the stream opens; an idle tunnel keeps none of it.
-    let stream = match Box::pin(hbone::client::open(core, tunnel)).await {
+    let open = Box::pin(hbone::client::open(core, tunnel));
+    let stream = match open.await {
         Ok(s) => s,
         Err(e) => {
             let failure = Failure::of_hbone(&e);

@@ -5,7 +5,9 @@
 //! read without locks.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::os::fd::OwnedFd;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -142,15 +144,18 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
     // Each path's future is boxed on its own: a task is as large as its
     // future, and unboxed every connection would pay for the largest path
     // (an HBONE server connection's TLS and HTTP/2 state).
+    // (Boxed in a statement of its own: a temporary inside an awaited
+    // expression keeps its room in the enclosing future.)
     let work = async move {
-        match log.path() {
-            TrafficPath::Outbound => Box::pin(crate::outbound::serve(core, conn, log)).await,
+        let path: Pin<Box<dyn Future<Output = ()>>> = match log.path() {
+            TrafficPath::Outbound => Box::pin(crate::outbound::serve(core, conn, log)),
             TrafficPath::InboundPassthrough => {
-                Box::pin(crate::inbound_passthrough::serve(core, conn, log)).await
+                Box::pin(crate::inbound_passthrough::serve(core, conn, log))
             }
-            TrafficPath::Inbound => Box::pin(crate::hbone::server::serve(core, conn, log)).await,
-            TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)).await,
-        }
+            TrafficPath::Inbound => Box::pin(crate::hbone::server::serve(core, conn, log)),
+            TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)),
+        };
+        path.await
     };
     let deadline = async move {
         // A closed channel means the core is gone: cancel as well.

@@ -164,6 +164,11 @@ impl Nodes {
 /// Starts the Python HBONE server on node B's 15008 (echo mode) with the
 /// given certificate; returns once it listens.
 fn py_server(nodes: &Nodes, certs: &Path, log: &Path) -> std::process::Child {
+    py_server_with(nodes, certs, log, &[])
+}
+
+/// [`py_server`] with extra `hbone_server.py` flags.
+fn py_server_with(nodes: &Nodes, certs: &Path, log: &Path, extra: &[&str]) -> std::process::Child {
     let root = nodes.ca_dir().join("root-cert.pem");
     let mut server = Command::new("ip")
         .args(["netns", "exec", &nodes.b.name, "/usr/bin/python3"])
@@ -177,6 +182,7 @@ fn py_server(nodes: &Nodes, certs: &Path, log: &Path) -> std::process::Child {
             "--log",
             log.to_str().unwrap(),
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -481,6 +487,52 @@ fn ringway_client_against_python_h2_server() {
         bag.contains("service.name=client") && bag.contains("service.version=v1"),
         "{bag}"
     );
+}
+
+/// A pooled connection that looks alive but refuses the next stream
+/// (REFUSED_STREAM: the peer never acted on it) costs the client nothing:
+/// ringway marks the connection broken and retries once on a new one.
+/// Without the retry the second request would fail.
+#[test]
+fn refused_stream_on_a_pooled_connection_is_retried_on_a_new_one() {
+    // One core: pools are per core, and both requests must meet the same
+    // pooled connection.
+    let nodes = Nodes::new("rty", false, &["--cores", "1"]);
+    let certs = nodes.issue(&nodes.ca_dir(), SERVER_ID, "pyserver", "1h");
+    let log = nodes.dir.path().join("pyserver.jsonl");
+    let mut server = py_server_with(&nodes, &certs, &log, &["--refuse-after", "1"]);
+    let echo = |msg: &'static str| {
+        in_netns(&nodes.a.name, move || {
+            let mut c = connect_from_client(&format!("{SERVER_IP}:9443"))?;
+            c.write_all(msg.as_bytes())?;
+            c.shutdown(Shutdown::Write)?;
+            let mut got = String::new();
+            c.read_to_string(&mut got)?;
+            Ok::<_, std::io::Error>(got)
+        })
+    };
+    let first = echo("first");
+    let second = echo("second");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(first.unwrap(), "first");
+    assert_eq!(
+        second.unwrap(),
+        "second",
+        "the refused stream was not retried on a new connection"
+    );
+    let streams: Vec<_> = common::read_json_lines(&log)
+        .into_iter()
+        .filter(|e| e["kind"] == "stream")
+        .collect();
+    let conns: std::collections::BTreeSet<String> =
+        streams.iter().map(|e| e["conn"].to_string()).collect();
+    assert_eq!(
+        conns.len(),
+        2,
+        "expected the refused stream on the pooled connection, then a new connection: {streams:#?}"
+    );
+    assert_eq!(streams.len(), 3, "{streams:#?}");
 }
 
 #[test]

@@ -244,6 +244,12 @@ class ServerConnection(threading.Thread):
             # the client may retry it on a new connection.
             st.reject_reason = "after GOAWAY"
             self.reset(st, h2.errors.ErrorCodes.REFUSED_STREAM)
+        elif self.args.refuse_after and self.requests > self.args.refuse_after:
+            # A connection that looks alive but will not take new streams:
+            # what a client's pooled connection meets when the peer is
+            # going away without having said so yet.
+            st.reject_reason = "refused (--refuse-after)"
+            self.reset(st, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif verdict == "malformed":
             log(f"conn {self.conn_id} stream {st.sid}: malformed: {detail}")
             st.malformed = detail
@@ -615,6 +621,10 @@ def parse_args(argv):
     p.add_argument("--goaway-after", type=int, default=0, metavar="N",
                    help="send a graceful GOAWAY on each connection once it has "
                         "carried N requests, finish those, then close (default 0 = never)")
+    p.add_argument("--refuse-after", type=int, default=0, metavar="N",
+                   help="answer RST_STREAM(REFUSED_STREAM) to every stream after "
+                        "the first N requests of a connection, keeping the "
+                        "connection open (default 0 = never)")
     p.add_argument("--max-concurrent-streams", type=int, default=MAX_CONCURRENT_STREAMS,
                    metavar="N", help="SETTINGS_MAX_CONCURRENT_STREAMS we advertise "
                                      f"(default {MAX_CONCURRENT_STREAMS}, like ztunnel)")

@@ -19,6 +19,9 @@ use crate::uring::{Poller, Registration};
 /// rustls reads TLS in slices of at most 4 KiB beyond a partial record, so
 /// without read-ahead a 16 KiB record costs several `recv` calls.
 const READ_AHEAD: usize = 64 << 10;
+/// Read-ahead after a short read: small messages (request/response) take a
+/// small-size-class buffer instead of a 64 KiB one each.
+const READ_AHEAD_SMALL: usize = 8 << 10;
 
 /// A nonblocking TCP socket with tokio's I/O traits.
 pub struct FdStream {
@@ -28,6 +31,9 @@ pub struct FdStream {
     /// Read-ahead bytes not yet handed out; allocated per fill and dropped
     /// as soon as it is drained, so an idle stream holds no buffer.
     ahead: Option<Ahead>,
+    /// Size of the next read-ahead: READ_AHEAD after a read that filled its
+    /// buffer, READ_AHEAD_SMALL after a short one.
+    ahead_size: usize,
 }
 
 struct Ahead {
@@ -41,6 +47,7 @@ impl FdStream {
             reg: Registration::new(&poller, fd.as_raw_fd()),
             fd,
             ahead: None,
+            ahead_size: READ_AHEAD_SMALL,
         }
     }
 
@@ -53,12 +60,18 @@ impl FdStream {
             buf.advance(n);
             return Ok(());
         }
-        let mut ahead = Vec::with_capacity(READ_AHEAD);
-        // SAFETY: read(2) writes at most READ_AHEAD bytes into the spare
+        let size = self.ahead_size;
+        let mut ahead = Vec::with_capacity(size);
+        // SAFETY: read(2) writes at most `size` bytes into the spare
         // capacity; only the `n` it reports become visible.
         let n = socket::read(fd, unsafe {
-            std::slice::from_raw_parts_mut(ahead.as_mut_ptr(), READ_AHEAD)
+            std::slice::from_raw_parts_mut(ahead.as_mut_ptr(), size)
         })?;
+        self.ahead_size = if n == size {
+            READ_AHEAD
+        } else {
+            READ_AHEAD_SMALL
+        };
         if n > 0 {
             unsafe { ahead.set_len(n) };
             self.ahead = Some(Ahead {

@@ -48,8 +48,11 @@ impl Default for H2Settings {
     }
 }
 
-/// Bytes read from the plain socket per DATA chunk.
+/// Bytes read from the plain socket per DATA chunk while data streams.
 const READ_CHUNK: usize = 256 << 10;
+/// The first read after a wait, and every read while messages stay small:
+/// a small-size-class allocation instead of a large one per message.
+const READ_CHUNK_SMALL: usize = 8 << 10;
 
 /// How a tunnelled connection ended.
 #[derive(Debug)]
@@ -135,9 +138,12 @@ async fn socket_to_stream(
     moved: &Cell<u64>,
 ) -> Result<(), PumpOutcome> {
     let mut buf = BytesMut::new();
+    // Grows to READ_CHUNK once a read fills the buffer (bulk), falls back
+    // after a short read (request/response).
+    let mut chunk = READ_CHUNK_SMALL;
     loop {
-        if buf.capacity() < READ_CHUNK {
-            buf.reserve(READ_CHUNK);
+        if buf.capacity() < chunk {
+            buf.reserve(chunk);
         }
         // SAFETY: read(2) writes at most `spare` bytes; we only expose the
         // `n` bytes it reports.
@@ -164,6 +170,11 @@ async fn socket_to_stream(
             return Ok(());
         }
         unsafe { buf.set_len(n) };
+        chunk = if n == spare {
+            READ_CHUNK
+        } else {
+            READ_CHUNK_SMALL
+        };
         let mut data = buf.split().freeze();
         while !data.is_empty() {
             send.borrow_mut().reserve_capacity(data.len());

@@ -14,6 +14,7 @@
 //! ([`crate::socks5`]) with the destination the client asked for. A
 //! [`Downstream`] is what differs: how the client learns the outcome.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
@@ -251,19 +252,27 @@ impl Downstream for Transparent {
     }
 }
 
-/// Serves one captured outbound connection.
-pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
+/// Serves one captured outbound connection: reads where it was going (at
+/// accept, no await needed) and returns the [`route`] future, or None when
+/// the connection was refused and logged already. Not an `async fn`, so the
+/// access log lives in `route`'s state only, not twice.
+pub fn serve(
+    core: Rc<CoreInputs>,
+    client: OwnedFd,
+    mut log: ConnLog,
+) -> Option<impl Future<Output = ()>> {
     let fd = client.as_raw_fd();
     log.src = socket::peer_addr(fd).ok();
     let dst = match socket::captured_dst(fd, false) {
         Ok(d) => d,
         Err(e) => {
-            return log.fail(format!(
+            log.fail(format!(
                 "no original destination (was the connection redirected by iptables/nftables?): {e}"
-            ))
+            ));
+            return None;
         }
     };
-    route(&core, client, dst, log, &mut Transparent).await;
+    Some(route(core, client, dst, log, Transparent))
 }
 
 /// The outbound path proper, shared by every entry point: refuse loops,
@@ -275,12 +284,14 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
 /// `log` comes after `client` so that, on a refusal here, the access-log
 /// line is written before the client socket is closed.
 pub async fn route(
-    core: &Rc<CoreInputs>,
+    core: Rc<CoreInputs>,
     client: OwnedFd,
     dst: SocketAddr,
     mut log: ConnLog,
-    downstream: &mut dyn Downstream,
+    mut downstream: impl Downstream,
 ) {
+    let core = &core;
+    let downstream: &mut dyn Downstream = &mut downstream;
     let log = &mut log;
     log.dst = Some(dst);
     if core.self_addrs.is_self(dst) {

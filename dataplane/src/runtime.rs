@@ -139,29 +139,32 @@ pub struct CoreSeed {
 
 /// Runs one accepted connection on its traffic path, until it ends or the
 /// drain deadline cancels it.
-pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) {
+///
+/// Not an `async fn`: a task is as large as its future, and an async fn
+/// keeps room for its arguments (the access log among them) for its whole
+/// life even after moving them on. Here the path's future is built and
+/// boxed first, so the task holds only the box and the drain watch; each
+/// path's box is sized for that path alone.
+pub fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) -> impl Future<Output = ()> {
     let mut force_close = core.force_close.clone();
-    // Each path's future is boxed on its own: a task is as large as its
-    // future, and unboxed every connection would pay for the largest path
-    // (an HBONE server connection's TLS and HTTP/2 state).
-    // (Boxed in a statement of its own: a temporary inside an awaited
-    // expression keeps its room in the enclosing future.)
-    let work = async move {
-        let path: Pin<Box<dyn Future<Output = ()>>> = match log.path() {
-            TrafficPath::Outbound => Box::pin(crate::outbound::serve(core, conn, log)),
-            TrafficPath::InboundPassthrough => {
-                Box::pin(crate::inbound_passthrough::serve(core, conn, log))
-            }
-            TrafficPath::Inbound => Box::pin(crate::hbone::server::serve(core, conn, log)),
-            TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)),
+    let path: Pin<Box<dyn Future<Output = ()>>> = match log.path() {
+        TrafficPath::Outbound => match crate::outbound::serve(core, conn, log) {
+            Some(route) => Box::pin(route),
+            None => Box::pin(std::future::ready(())),
+        },
+        TrafficPath::InboundPassthrough => {
+            Box::pin(crate::inbound_passthrough::serve(core, conn, log))
+        }
+        TrafficPath::Inbound => Box::pin(crate::hbone::server::serve(core, conn, log)),
+        TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)),
+    };
+    async move {
+        let deadline = async {
+            // A closed channel means the core is gone: cancel as well.
+            let _ = force_close.wait_for(|closing| *closing).await;
         };
-        path.await
-    };
-    let deadline = async move {
-        // A closed channel means the core is gone: cancel as well.
-        let _ = force_close.wait_for(|closing| *closing).await;
-    };
-    futures_lite::future::or(work, deadline).await;
+        futures_lite::future::or(path, deadline).await;
+    }
 }
 
 async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result<()> {

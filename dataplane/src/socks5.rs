@@ -394,7 +394,7 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
             }
         }
     };
-    outbound::route(&core, client, dst, log, &mut Socks5Client).await;
+    outbound::route(core, client, dst, log, Socks5Client).await;
 }
 
 /// Greeting, method selection, request.

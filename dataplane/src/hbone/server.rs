@@ -112,17 +112,9 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
             Some(Some(Ok((request, respond)))) => {
                 streams += 1;
                 let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
-                spawn_cancellable(
-                    &core,
-                    serve_stream(
-                        core.clone(),
-                        dst,
-                        peer.clone(),
-                        request,
-                        respond,
-                        stream_log,
-                    ),
-                );
+                if let Some(tunnel) = admit(&core, dst, &peer, request, respond, stream_log) {
+                    spawn_cancellable(&core, tunnel);
+                }
             }
             Some(Some(Err(e))) => {
                 return log.fail(format!(
@@ -142,15 +134,18 @@ fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
     let _ = respond.send_response(resp, true);
 }
 
-/// One CONNECT stream: validate, connect to the local workload, 200, pump.
-async fn serve_stream(
-    core: Rc<CoreInputs>,
+/// One CONNECT stream: validates it where it arrives (no await needed) and
+/// returns the task that connects to the local workload, answers 200 and
+/// pumps; None when it was answered 400/503 and logged. Split this way so
+/// an open tunnel's task does not keep the request (headers, URI) alive.
+fn admit(
+    core: &Rc<CoreInputs>,
     conn_dst: SocketAddr,
-    peer: Identity,
+    peer: &Identity,
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
     mut log: ConnLog,
-) {
+) -> Option<impl std::future::Future<Output = ()>> {
     log.route = "hbone";
     log.src_identity = Some(peer.to_string());
     let headers = request.headers();
@@ -164,26 +159,32 @@ async fn serve_stream(
     }
     if request.method() != Method::CONNECT {
         reply(&mut respond, StatusCode::BAD_REQUEST);
-        return log.fail(format!("400: method {} is not CONNECT", request.method()));
+        return refused(
+            log,
+            format!("400: method {} is not CONNECT", request.method()),
+        );
     }
     let target: SocketAddr = match request.uri().authority().map(|a| a.as_str().parse()) {
         Some(Ok(t)) => t,
         _ => {
             reply(&mut respond, StatusCode::BAD_REQUEST);
-            return log.fail(format!(
-                "400: malformed :authority {:?}",
-                request.uri().authority()
-            ));
+            return refused(
+                log,
+                format!("400: malformed :authority {:?}", request.uri().authority()),
+            );
         }
     };
     log.dst = Some(target);
     if target.ip() != conn_dst.ip() {
         reply(&mut respond, StatusCode::BAD_REQUEST);
-        return log.fail(format!(
-            "400: authority IP {} is not the connection's destination {}",
-            target.ip(),
-            conn_dst.ip()
-        ));
+        return refused(
+            log,
+            format!(
+                "400: authority IP {} is not the connection's destination {}",
+                target.ip(),
+                conn_dst.ip()
+            ),
+        );
     }
     let known = core
         .snapshot()
@@ -191,8 +192,31 @@ async fn serve_stream(
         .is_some();
     if !known {
         reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
-        return log.fail(format!("503: no local workload at {}", target.ip()));
+        return refused(log, format!("503: no local workload at {}", target.ip()));
     }
+    Some(tunnel(
+        core.clone(),
+        target,
+        respond,
+        request.into_body(),
+        log,
+    ))
+}
+
+/// Logs a refused stream; None for [`admit`].
+fn refused<T>(log: ConnLog, why: String) -> Option<T> {
+    log.fail(why);
+    None
+}
+
+/// An admitted CONNECT stream: connect to the local workload, 200, pump.
+async fn tunnel(
+    core: Rc<CoreInputs>,
+    target: SocketAddr,
+    mut respond: SendResponse<Bytes>,
+    recv: h2::RecvStream,
+    mut log: ConnLog,
+) {
     let upstream = match socket::connect(&core.poller, target, core.cfg.connect).await {
         Ok(s) => s,
         Err(e) => {
@@ -209,7 +233,6 @@ async fn serve_stream(
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };
-    let recv = request.into_body();
     // Received from the tunnel = sent by the remote client.
     let outcome = pump(
         &core.poller,

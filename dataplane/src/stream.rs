@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 
+use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::socket;
@@ -19,9 +20,41 @@ use crate::uring::{Poller, Registration};
 /// rustls reads TLS in slices of at most 4 KiB beyond a partial record, so
 /// without read-ahead a 16 KiB record costs several `recv` calls.
 const READ_AHEAD: usize = 64 << 10;
-/// Read-ahead after a short read: small messages (request/response) take a
-/// small-size-class buffer instead of a 64 KiB one each.
-const READ_AHEAD_SMALL: usize = 8 << 10;
+/// The first read, and reads while messages stay small.
+pub const READ_SMALL: usize = 8 << 10;
+
+/// Read sizing for reads that allocate their buffer per read (the HBONE
+/// pump, the TLS read-ahead): small reads take a small-size-class buffer
+/// instead of a large allocation per message; once a read fills its
+/// buffer (bulk) the next ones use `full`, until a short read again.
+pub struct ReadSizer {
+    full: usize,
+    next: usize,
+}
+
+impl ReadSizer {
+    pub const fn new(full: usize) -> Self {
+        Self {
+            full,
+            next: READ_SMALL,
+        }
+    }
+
+    /// One `read(2)` of up to the next size, appended to `buf`.
+    pub fn read(&mut self, fd: RawFd, buf: &mut BytesMut) -> io::Result<usize> {
+        let want = self.next;
+        buf.reserve(want);
+        let len = buf.len();
+        // SAFETY: read(2) writes at most `want` bytes into the reserved
+        // spare capacity; only the `n` it reports become visible.
+        let n = socket::read(fd, unsafe {
+            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(len), want)
+        })?;
+        unsafe { buf.set_len(len + n) };
+        self.next = if n == want { self.full } else { READ_SMALL };
+        Ok(n)
+    }
+}
 
 /// A nonblocking TCP socket with tokio's I/O traits.
 pub struct FdStream {
@@ -30,15 +63,8 @@ pub struct FdStream {
     fd: OwnedFd,
     /// Read-ahead bytes not yet handed out; allocated per fill and dropped
     /// as soon as it is drained, so an idle stream holds no buffer.
-    ahead: Option<Ahead>,
-    /// Size of the next read-ahead: READ_AHEAD after a read that filled its
-    /// buffer, READ_AHEAD_SMALL after a short one.
-    ahead_size: usize,
-}
-
-struct Ahead {
-    buf: Vec<u8>,
-    start: usize,
+    ahead: Option<BytesMut>,
+    sizer: ReadSizer,
 }
 
 impl FdStream {
@@ -47,7 +73,7 @@ impl FdStream {
             reg: Registration::new(&poller, fd.as_raw_fd()),
             fd,
             ahead: None,
-            ahead_size: READ_AHEAD_SMALL,
+            sizer: ReadSizer::new(READ_AHEAD),
         }
     }
 
@@ -60,24 +86,9 @@ impl FdStream {
             buf.advance(n);
             return Ok(());
         }
-        let size = self.ahead_size;
-        let mut ahead = Vec::with_capacity(size);
-        // SAFETY: read(2) writes at most `size` bytes into the spare
-        // capacity; only the `n` it reports become visible.
-        let n = socket::read(fd, unsafe {
-            std::slice::from_raw_parts_mut(ahead.as_mut_ptr(), size)
-        })?;
-        self.ahead_size = if n == size {
-            READ_AHEAD
-        } else {
-            READ_AHEAD_SMALL
-        };
-        if n > 0 {
-            unsafe { ahead.set_len(n) };
-            self.ahead = Some(Ahead {
-                buf: ahead,
-                start: 0,
-            });
+        let mut ahead = BytesMut::new();
+        if self.sizer.read(fd, &mut ahead)? > 0 {
+            self.ahead = Some(ahead);
             self.drain_ahead(buf);
         }
         Ok(())
@@ -85,10 +96,9 @@ impl FdStream {
 
     fn drain_ahead(&mut self, buf: &mut ReadBuf<'_>) {
         let Some(a) = &mut self.ahead else { return };
-        let n = (a.buf.len() - a.start).min(buf.remaining());
-        buf.put_slice(&a.buf[a.start..a.start + n]);
-        a.start += n;
-        if a.start == a.buf.len() {
+        let n = a.len().min(buf.remaining());
+        buf.put_slice(&a.split_to(n));
+        if a.is_empty() {
             self.ahead = None;
         }
     }

@@ -28,6 +28,7 @@ use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 
 use crate::socket;
+use crate::stream::ReadSizer;
 use crate::uring::{Poller, Registration};
 
 /// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
@@ -50,9 +51,6 @@ impl Default for H2Settings {
 
 /// Bytes read from the plain socket per DATA chunk while data streams.
 const READ_CHUNK: usize = 256 << 10;
-/// The first read after a wait, and every read while messages stay small:
-/// a small-size-class allocation instead of a large one per message.
-const READ_CHUNK_SMALL: usize = 8 << 10;
 
 /// How a tunnelled connection ended.
 #[derive(Debug)]
@@ -138,19 +136,9 @@ async fn socket_to_stream(
     moved: &Cell<u64>,
 ) -> Result<(), PumpOutcome> {
     let mut buf = BytesMut::new();
-    // Grows to READ_CHUNK once a read fills the buffer (bulk), falls back
-    // after a short read (request/response).
-    let mut chunk = READ_CHUNK_SMALL;
+    let mut sizer = ReadSizer::new(READ_CHUNK);
     loop {
-        if buf.capacity() < chunk {
-            buf.reserve(chunk);
-        }
-        // SAFETY: read(2) writes at most `spare` bytes; we only expose the
-        // `n` bytes it reports.
-        let spare = buf.capacity() - buf.len();
-        let n = match socket::read(reg.fd(), unsafe {
-            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(buf.len()), spare)
-        }) {
+        let n = match sizer.read(reg.fd(), &mut buf) {
             Ok(n) => n,
             Err(e) if socket::would_block(&e) => {
                 // Idle: hold no buffer while waiting.
@@ -169,12 +157,6 @@ async fn socket_to_stream(
                 .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
             return Ok(());
         }
-        unsafe { buf.set_len(n) };
-        chunk = if n == spare {
-            READ_CHUNK
-        } else {
-            READ_CHUNK_SMALL
-        };
         let mut data = buf.split().freeze();
         while !data.is_empty() {
             send.borrow_mut().reserve_capacity(data.len());

@@ -21,7 +21,6 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use ring::rand::{SecureRandom, SystemRandom};
-use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::OffsetDateTime;
@@ -649,12 +648,9 @@ fn generate_root(dir: &Path) -> Result<(), CaError> {
 fn verify_issued(cert: &IssuedCert) -> Result<(), String> {
     let chain = crate::tls::parse_certs(&cert.chain_pem.concat(), "certificate chain")
         .map_err(|e| e.to_string())?;
-    let mut roots = RootCertStore::empty();
-    for root in
-        crate::tls::parse_certs(&cert.root_pem, "root certificates").map_err(|e| e.to_string())?
-    {
-        roots.add(root).map_err(|e| e.to_string())?;
-    }
+    let roots = crate::tls::parse_certs(&cert.root_pem, "root certificates")
+        .and_then(crate::tls::root_store)
+        .map_err(|e| e.to_string())?;
     crate::tls::verify_chain(&chain, &roots).map_err(|e| e.to_string())
 }
 

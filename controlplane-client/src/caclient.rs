@@ -43,7 +43,6 @@ use ringway_proto::ca::istio_certificate_service_client::IstioCertificateService
 use ringway_proto::ca::IstioCertificateRequest;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::ParsedCertificate;
-use rustls::RootCertStore;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
@@ -456,12 +455,7 @@ pub fn check_response(
         None if certs.len() < 2 => return Err(CaClientError::NoRootInResponse),
         None => vec![certs[certs.len() - 1].clone()],
     };
-    let mut store = RootCertStore::empty();
-    for root in &roots {
-        store.add(root.clone()).map_err(|e| {
-            CaClientError::BadChain(TlsError::BadRoot(format!("in the trust bundle: {e}")))
-        })?;
-    }
+    let store = tls::root_store(roots.iter().cloned()).map_err(CaClientError::BadChain)?;
     // What we will present: the leaf and whatever else is not a root.
     let presented: Vec<&CertificateDer<'static>> = certs
         .iter()

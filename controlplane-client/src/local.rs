@@ -17,11 +17,12 @@ use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visito
 use serde::Deserialize;
 
 use crate::model::{
-    ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause, GatewayAddress, GatewayDestination,
-    LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality, Match, NamespacedHostname,
-    NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope, PortMapping, Rule, Service,
-    ServiceAccountMatch, StringMatch, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
-    DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
+    is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
+    GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
+    Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
+    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Workload,
+    WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
+    DEFAULT_TRUST_DOMAIN,
 };
 use crate::publish::SnapshotPublisher;
 use crate::snapshot::{Snapshot, SnapshotError};
@@ -466,19 +467,6 @@ impl RawWorkload {
             }),
         })
     }
-}
-
-fn or_default(value: String, default: &str) -> String {
-    if value.is_empty() {
-        default.to_owned()
-    } else {
-        value
-    }
-}
-
-/// "a/b" with both parts non-empty and a single slash.
-fn is_namespaced(s: &str) -> bool {
-    matches!(s.split_once('/'), Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains('/'))
 }
 
 #[derive(Deserialize)]

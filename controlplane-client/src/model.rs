@@ -237,6 +237,22 @@ impl Service {
     }
 }
 
+/// Whether `s` has the shape of a service key, "ns/hostname": both parts
+/// non-empty and a single slash. Every config source checks with this.
+pub fn is_namespaced(s: &str) -> bool {
+    matches!(s.split_once('/'), Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains('/'))
+}
+
+/// `value`, or `default` when the source left it empty (proto3 and YAML
+/// alike use "" for "not set").
+pub fn or_default(value: String, default: &str) -> String {
+    if value.is_empty() {
+        default.to_owned()
+    } else {
+        value
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadBalancer {
     /// Locality scopes to match, most important first.

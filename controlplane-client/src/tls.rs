@@ -150,12 +150,7 @@ impl WorkloadCert {
             what: "private key",
             detail: e.to_string(),
         })?;
-        let mut roots = RootCertStore::empty();
-        for root in parse_certs(roots_pem, "root certificates")? {
-            roots
-                .add(root)
-                .map_err(|e| TlsError::BadRoot(e.to_string()))?;
-        }
+        let roots = root_store(parse_certs(roots_pem, "root certificates")?)?;
         let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
             .map_err(|e| TlsError::BadCertificate(e.to_string()))?;
         let identity = spiffe_id_of(&leaf)?;
@@ -308,6 +303,19 @@ fn spiffe_id_of(
 }
 
 /// Every certificate in `pem` (other PEM sections are skipped); at least one.
+/// A trust store of `certs`.
+pub fn root_store(
+    certs: impl IntoIterator<Item = CertificateDer<'static>>,
+) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for root in certs {
+        roots
+            .add(root)
+            .map_err(|e| TlsError::BadRoot(e.to_string()))?;
+    }
+    Ok(roots)
+}
+
 pub fn parse_certs(
     pem: &str,
     what: &'static str,

@@ -32,8 +32,7 @@ use ringway_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject;
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
@@ -817,17 +816,10 @@ impl Client {
             .root_ca
             .as_ref()
             .ok_or("TLS needs a root CA file")?;
-        let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut roots = RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            let cert = cert.map_err(|e| format!("{}: {e}", path.display()))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-        }
-        if roots.is_empty() {
-            return Err(format!("{}: no certificate found", path.display()));
-        }
+        let pem = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let roots = crate::tls::parse_certs(&pem, "root CA")
+            .and_then(crate::tls::root_store)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()

@@ -39,11 +39,12 @@ use ringway_proto::workload as wpb;
 use ringway_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 use crate::model::{
-    ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause, GatewayAddress, GatewayDestination,
-    LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality, Match, NamespacedHostname,
-    NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope, PortMapping, Rule, Service,
-    ServiceAccountMatch, StringMatch, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
-    DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
+    is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
+    GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
+    Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
+    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Workload,
+    WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
+    DEFAULT_TRUST_DOMAIN,
 };
 
 /// Why one resource can't be used. The message starts with the field path
@@ -597,18 +598,6 @@ fn non_empty(field: &str, value: &str) -> Result<()> {
 
 fn unknown_enum(field: impl fmt::Display, value: i32) -> String {
     format!("{field}: unknown enum value {value}")
-}
-
-fn or_default(value: String, default: &str) -> String {
-    if value.is_empty() {
-        default.to_owned()
-    } else {
-        value
-    }
-}
-
-fn is_namespaced(s: &str) -> bool {
-    matches!(s.split_once('/'), Some((a, b)) if !a.is_empty() && !b.is_empty())
 }
 
 // ---------------------------------------------------------------------------

@@ -301,7 +301,9 @@ fn ringway_to_ringway_256mib_each_way() {
 
 #[test]
 fn concurrent_tunnels_share_pooled_connections() {
-    let nodes = Nodes::new("pool", true, &[]);
+    // Two cores, whatever the machine: pools are per core, and the limits
+    // below count connections per core.
+    let nodes = Nodes::new("pool", true, &["--cores", "2"]);
     const N: usize = 500;
     nodes.b.enter(|| {
         let l = TcpListener::bind(format!("{SERVER_IP}:8081")).unwrap();
@@ -555,7 +557,7 @@ fn ringway_refuses_server_with_wrong_identity() {
     });
     let _ = server.kill();
     let _ = server.wait();
-    assert!(matches!(r, Ok(0) | Err(_)), "no data may flow: {r:?}");
+    assert!(common::peer_closed(&r), "no data may flow: {r:?}");
     let seen = common::read_json_lines(&log);
     assert!(
         seen.iter().all(|e| e.get("authority").is_none()),

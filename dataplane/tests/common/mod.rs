@@ -311,6 +311,18 @@ impl Ringway {
     }
 }
 
+/// The peer closed the connection (FIN or RST), as opposed to a read that
+/// timed out: what a refused or force-closed connection must look like.
+pub fn peer_closed(r: &std::io::Result<usize>) -> bool {
+    match r {
+        Ok(n) => *n == 0,
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+        ),
+    }
+}
+
 pub fn read_json_lines(path: &Path) -> Vec<serde_json::Value> {
     let Ok(f) = File::open(path) else {
         return vec![];

@@ -739,7 +739,9 @@ impl State {
 }
 
 /// `base` ±20 %.
-fn jitter(rng: &SystemRandom, base: Duration) -> Duration {
+/// `base` ±20 %, so that many clients retrying together spread out
+/// (shared with the xDS client's reconnect backoff).
+pub(crate) fn jitter(rng: &SystemRandom, base: Duration) -> Duration {
     let mut bytes = [0u8; 2];
     if rng.fill(&mut bytes).is_err() {
         return base;

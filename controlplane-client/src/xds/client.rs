@@ -653,21 +653,11 @@ impl Backoff {
     fn next_delay(&mut self) -> Duration {
         let base = self.current;
         self.current = (self.current * 2).min(self.cfg.max);
-        jitter(base)
+        crate::certmanager::jitter(&ring::rand::SystemRandom::new(), base)
     }
 }
 
 /// ±20 %.
-fn jitter(d: Duration) -> Duration {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 2];
-    let r = match ring::rand::SystemRandom::new().fill(&mut b) {
-        Ok(()) => u16::from_le_bytes(b) as f64 / f64::from(u16::MAX),
-        Err(_) => 0.5,
-    };
-    d.mul_f64(0.8 + 0.4 * r)
-}
-
 /// What survives reconnects.
 #[derive(Default)]
 struct ClientState {

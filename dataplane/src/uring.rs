@@ -15,10 +15,10 @@
 //! - [`Poller::ready`]: one `POLL_ADD` per wait. For rare waits (connect).
 //! - [`Registration`]: one multishot `POLL_ADD` for as long as the fd is in
 //!   use; every wake-up of the socket posts a completion that sets ready
-//!   bits, so waiting costs no syscall. The hot paths (splice, HBONE
-//!   streams, listeners) use it: a one-shot poll per wait was a quarter of
-//!   ringway's CPU on small request/response traffic (`io_uring_enter`
-//!   per EAGAIN).
+//!   bits, so waiting costs no syscall. HBONE sockets and listeners use it:
+//!   a one-shot poll per wait cost ~25 % more CPU per small request.
+//!   Splice does not (see `copy.rs`): a busy socket would post a
+//!   completion per arriving segment.
 //!
 //! Core-local (!Send): every type here lives on exactly one executor thread.
 
@@ -76,6 +76,8 @@ pub struct Poller {
     ring: RefCell<IoUring>,
     slots: RefCell<Slab<Slot>>,
     eventfd: OwnedFd,
+    /// Scratch list for `reap`, kept to avoid an allocation per wake-up.
+    wakers: RefCell<Vec<Waker>>,
 }
 
 impl Poller {
@@ -98,6 +100,7 @@ impl Poller {
             ring: RefCell::new(ring),
             slots: RefCell::new(Slab::with_capacity(256)),
             eventfd,
+            wakers: RefCell::new(Vec::new()),
         }))
     }
 
@@ -149,7 +152,8 @@ impl Poller {
     fn reap(&self) -> usize {
         let mut ring = self.ring.borrow_mut();
         let mut slots = self.slots.borrow_mut();
-        let mut wakers = Vec::new();
+        // Reused across reaps: no allocation per wake-up.
+        let mut wakers = std::mem::take(&mut *self.wakers.borrow_mut());
         let mut seen = 0;
         for cqe in ring.completion() {
             seen += 1;
@@ -202,14 +206,24 @@ impl Poller {
                 }
             }
         }
+        // A submit that failed in `push` left its entries queued: carry them.
+        if !ring.submission().is_empty() {
+            if let Err(e) = ring.submit() {
+                tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
+            }
+        }
         drop(slots);
         drop(ring);
-        for w in wakers {
+        for w in wakers.drain(..) {
             w.wake();
         }
+        *self.wakers.borrow_mut() = wakers;
         seen
     }
 
+    /// Queues `entry` and submits. Err only if the entry is not queued: once
+    /// it is, a failed submit is retried by the next push or reap, and the
+    /// caller must treat the poll as in flight (its completion will come).
     fn push(&self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
         let mut ring = self.ring.borrow_mut();
         // SAFETY: POLL_ADD / POLL_REMOVE reference no user memory.
@@ -218,7 +232,9 @@ impl Poller {
             unsafe { ring.submission().push(entry) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         }
-        ring.submit()?;
+        if let Err(e) = ring.submit() {
+            tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
+        }
         Ok(())
     }
 

@@ -97,7 +97,9 @@ impl FdStream {
     fn drain_ahead(&mut self, buf: &mut ReadBuf<'_>) {
         let Some(a) = &mut self.ahead else { return };
         let n = a.len().min(buf.remaining());
-        buf.put_slice(&a.split_to(n));
+        buf.put_slice(&a[..n]);
+        // advance, not split_to: a split would allocate a shared header.
+        bytes::Buf::advance(a, n);
         if a.is_empty() {
             self.ahead = None;
         }

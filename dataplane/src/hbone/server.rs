@@ -90,15 +90,23 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         Some(Ok(c)) => c,
     };
 
+    // One wait on the shutdown watch for the connection's life: the watch
+    // is shared by every core, and a fresh wait per stream would take its
+    // lock and register with its notifier each time.
     let mut shutdown = core.shutdown.clone();
+    let shutdown_signal = async {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    let mut shutdown_signal = std::pin::pin!(shutdown_signal);
     let mut streams = 0u64;
     let mut draining = false;
     loop {
         let next = futures_lite::future::or(async { Some(h2.accept().await) }, async {
             if draining {
+                // Done once: never poll the finished signal again.
                 std::future::pending::<()>().await;
             }
-            let _ = shutdown.wait_for(|s| *s).await;
+            shutdown_signal.as_mut().await;
             None
         })
         .await;

@@ -16,7 +16,7 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 
-use crate::socket::{self, is_reset, would_block, Pipe};
+use crate::socket::{self, would_block, Pipe};
 use crate::uring::Poller;
 
 /// How bytes move through the proxy.
@@ -141,10 +141,6 @@ impl Copier {
             pipes: RefCell::new(Vec::new()),
             buffers: RefCell::new(Vec::new()),
         }
-    }
-
-    pub fn mode(&self) -> CopyMode {
-        self.mode
     }
 
     /// Proxies `a` ⇄ `b` until both directions are done or one side resets.
@@ -347,13 +343,6 @@ impl CopyOutcome {
             CopyOutcome::Closed => "closed".into(),
             CopyOutcome::ResetByA(e) => format!("reset by downstream: {e}"),
             CopyOutcome::ResetByB(e) => format!("reset by upstream: {e}"),
-        }
-    }
-
-    pub fn is_reset_error(&self) -> bool {
-        match self {
-            CopyOutcome::Closed => false,
-            CopyOutcome::ResetByA(e) | CopyOutcome::ResetByB(e) => is_reset(e),
         }
     }
 }

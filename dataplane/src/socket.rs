@@ -244,17 +244,6 @@ pub fn set_reset_on_close(fd: RawFd) {
     }
 }
 
-/// True for errors that mean "the peer reset/aborted the connection".
-pub fn is_reset(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::ECONNRESET)
-            | Some(libc::EPIPE)
-            | Some(libc::ECONNABORTED)
-            | Some(libc::ETIMEDOUT)
-    )
-}
-
 pub fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }

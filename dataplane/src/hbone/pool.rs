@@ -149,8 +149,6 @@ pub struct Pool {
     conns: RefCell<HashMap<PoolKey, Vec<Rc<PooledConn>>>>,
     connecting: RefCell<HashMap<PoolKey, Rc<Connecting>>>,
     next_id: Cell<u64>,
-    /// Connections (TLS handshakes) opened by this core's pool so far.
-    pub handshakes: Cell<u64>,
 }
 
 impl Pool {
@@ -160,7 +158,6 @@ impl Pool {
             conns: RefCell::new(HashMap::new()),
             connecting: RefCell::new(HashMap::new()),
             next_id: Cell::new(1),
-            handshakes: Cell::new(0),
         }
     }
 
@@ -206,7 +203,6 @@ impl Pool {
             guard.done = true;
             match result {
                 Ok(conn) => {
-                    self.handshakes.set(self.handshakes.get() + 1);
                     self.conns
                         .borrow_mut()
                         .entry(key.clone())
@@ -234,10 +230,5 @@ impl Pool {
             });
             !list.is_empty()
         });
-    }
-
-    /// Open connections in the pool (for tests and metrics).
-    pub fn connections(&self) -> usize {
-        self.conns.borrow().values().map(Vec::len).sum()
     }
 }

@@ -180,13 +180,7 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
     };
     // The client config is shared by every destination, so the expected
     // identity is checked here, before the request goes out.
-    let got = tls_stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .ok_or_else(|| "no server certificate".to_string())
-        .and_then(|c| ringway_controlplane::tls::peer_identity(c).map_err(|e| e.to_string()));
-    match got {
+    match super::peer_identity(tls_stream.get_ref().1, "server") {
         Ok(got) if got == key.dst => {}
         Ok(got) => {
             return Err(HboneError::IdentityMismatch {

@@ -205,6 +205,18 @@ async fn stream_to_socket(
     }
 }
 
+/// The SPIFFE identity in the peer's verified certificate; `side` names
+/// the peer in the error ("client", "server").
+pub fn peer_identity<D>(
+    conn: &tokio_rustls::rustls::ConnectionCommon<D>,
+    side: &str,
+) -> Result<ringway_controlplane::identity::Identity, String> {
+    let certs = conn
+        .peer_certificates()
+        .ok_or_else(|| format!("no {side} certificate"))?;
+    ringway_controlplane::tls::peer_identity(certs).map_err(|e| e.to_string())
+}
+
 /// `forwarded: for="<ip:port>"` (RFC 7239 quoting; IPv6 in brackets).
 pub fn forwarded_for(client: SocketAddr) -> String {
     format!("for=\"{client}\"")

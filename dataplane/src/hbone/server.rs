@@ -64,13 +64,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         Some(Err(e)) => return log.fail(format!("TLS handshake failed: {e}")),
         Some(Ok(s)) => s,
     };
-    let peer = match tls_stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .ok_or_else(|| "no client certificate".to_string())
-        .and_then(|c| ringway_controlplane::tls::peer_identity(c).map_err(|e| e.to_string()))
-    {
+    let peer = match super::peer_identity(tls_stream.get_ref().1, "client") {
         Ok(p) => p,
         Err(e) => return log.fail(format!("client identity: {e}")),
     };

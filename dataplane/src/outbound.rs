@@ -409,9 +409,7 @@ async fn announce(
     let Some(bytes) = downstream.established(upstream) else {
         return true;
     };
-    let reg = Registration::new(&core.poller, client.as_raw_fd());
-    let write = crate::stream::write_all(&reg, &bytes);
-    let write = Box::pin(hbone::with_timeout(core.cfg.handshake_timeout, write));
+    let write = Box::pin(timed_write_all(core, client.as_raw_fd(), &bytes));
     match write.await {
         Some(Ok(())) => true,
         Some(Err(e)) => {
@@ -540,13 +538,25 @@ pub async fn proxy_direct(
 /// closing with unread data does not turn into an RST that could overtake
 /// the reply.
 pub(crate) async fn reply_and_close(core: &CoreInputs, fd: RawFd, bytes: &[u8]) {
-    let limit = core.cfg.handshake_timeout;
-    let reg = Registration::new(&core.poller, fd);
-    let sent = crate::hbone::with_timeout(limit, crate::stream::write_all(&reg, bytes)).await;
-    if matches!(sent, Some(Ok(()))) {
+    if matches!(timed_write_all(core, fd, bytes).await, Some(Ok(()))) {
         let _ = socket::shutdown_write(fd);
         discard_pending(fd);
     }
+}
+
+/// Writes a handshake-time message (a SOCKS5 reply), bounded by the
+/// handshake timeout; None = timed out.
+async fn timed_write_all(
+    core: &CoreInputs,
+    fd: RawFd,
+    bytes: &[u8],
+) -> Option<std::io::Result<()>> {
+    let reg = Registration::new(&core.poller, fd);
+    hbone::with_timeout(
+        core.cfg.handshake_timeout,
+        crate::stream::write_all(&reg, bytes),
+    )
+    .await
 }
 
 /// Reads and drops whatever is already queued (nonblocking, bounded).

@@ -24,9 +24,10 @@ use ring::rand::{SecureRandom, SystemRandom};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::OffsetDateTime;
-use x509_parser::certificate::X509Certificate;
 
 use crate::identity::{Identity, IdentityError};
+use crate::pki::{self, der_to_pem, validity_of};
+use crate::tls::{TlsError, WorkloadCert};
 
 /// Lifetime of an issued workload certificate unless told otherwise (as
 /// istiod's `SECRET_TTL`).
@@ -107,6 +108,19 @@ impl IssuedCert {
     /// The leaf certificate alone.
     pub fn leaf_pem(&self) -> &str {
         &self.chain_pem[0]
+    }
+
+    /// Parsed for [`build_tls_configs`](crate::tls::build_tls_configs); the
+    /// leaf must carry the identity it was issued for.
+    pub fn to_workload_cert(&self) -> Result<WorkloadCert, TlsError> {
+        let cert = WorkloadCert::from_pem(&self.key_pem, &self.chain_pem.concat(), &self.root_pem)?;
+        if *cert.identity() != self.identity {
+            return Err(TlsError::IdentityMismatch {
+                expected: Box::new(self.identity.clone()),
+                actual: Box::new(cert.identity().clone()),
+            });
+        }
+        Ok(cert)
     }
 }
 
@@ -646,12 +660,12 @@ fn generate_root(dir: &Path) -> Result<(), CaError> {
 /// Checks an issued chain against its roots with the same verifier the TLS
 /// server uses. `Err` is a human-readable reason.
 fn verify_issued(cert: &IssuedCert) -> Result<(), String> {
-    let chain = crate::tls::parse_certs(&cert.chain_pem.concat(), "certificate chain")
+    let chain = pki::parse_certs(&cert.chain_pem.concat(), "certificate chain")
         .map_err(|e| e.to_string())?;
-    let roots = crate::tls::parse_certs(&cert.root_pem, "root certificates")
-        .and_then(crate::tls::root_store)
+    let roots = pki::parse_certs(&cert.root_pem, "root certificates")
+        .and_then(pki::root_store)
         .map_err(|e| e.to_string())?;
-    crate::tls::verify_chain(&chain, &roots).map_err(|e| e.to_string())
+    pki::verify_chain(&chain, &roots).map_err(|e| e.to_string())
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaError> {
@@ -758,29 +772,6 @@ fn to_x509_time(t: SystemTime) -> Result<(SystemTime, OffsetDateTime), CaError> 
     let odt = OffsetDateTime::from_unix_timestamp(secs as i64)
         .map_err(|e| CaError::Validity(e.to_string()))?;
     Ok((UNIX_EPOCH + Duration::from_secs(secs), odt))
-}
-
-pub(crate) fn validity_of(cert: &X509Certificate<'_>) -> (SystemTime, SystemTime) {
-    let v = cert.validity();
-    (
-        unix_to_system(v.not_before.timestamp()),
-        unix_to_system(v.not_after.timestamp()),
-    )
-}
-
-fn unix_to_system(secs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-    }
-}
-
-pub(crate) fn der_to_pem(label: &str, der: &[u8]) -> String {
-    pem::encode_config(
-        &pem::Pem::new(label, der.to_vec()),
-        pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
-    )
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, CaError> {
@@ -990,7 +981,7 @@ mod tests {
         assert_eq!(issued.chain_pem.len(), 1, "a root CA adds no intermediates");
         assert_eq!(issued.root_pem, ca.roots_pem());
 
-        let der = crate::tls::parse_certs(issued.leaf_pem(), "leaf").unwrap();
+        let der = crate::pki::parse_certs(issued.leaf_pem(), "leaf").unwrap();
         let (_, leaf) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
         let san = leaf.subject_alternative_name().unwrap().unwrap();
         assert!(san.critical, "SAN is critical with an empty subject");
@@ -1037,7 +1028,7 @@ mod tests {
         // Fresh key and serial every time.
         let other = ca.issue(&who, DEFAULT_CERT_VALIDITY).unwrap();
         assert_ne!(other.key_pem, issued.key_pem);
-        let other_der = crate::tls::parse_certs(other.leaf_pem(), "leaf").unwrap();
+        let other_der = crate::pki::parse_certs(other.leaf_pem(), "leaf").unwrap();
         let (_, other_leaf) = x509_parser::parse_x509_certificate(&other_der[0]).unwrap();
         assert_ne!(other_leaf.raw_serial(), leaf.raw_serial());
         assert!(leaf.raw_serial().len() >= 16);
@@ -1418,7 +1409,7 @@ mod tests {
         assert_eq!(chain.len(), 2, "leaf and root");
         assert_eq!(chain[1], ca.roots_pem());
 
-        let der = crate::tls::parse_certs(&chain[0], "leaf").unwrap();
+        let der = crate::pki::parse_certs(&chain[0], "leaf").unwrap();
         let (_, leaf) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
         assert!(!leaf.is_ca());
         assert_eq!(leaf.subject().iter().count(), 0);
@@ -1445,7 +1436,7 @@ mod tests {
 
         // An identity given by the caller wins over the request's SAN.
         let chain = ca.sign_csr(&csr, Some(&id("x", "y")), validity).unwrap();
-        let der = crate::tls::parse_certs(&chain[0], "leaf").unwrap();
+        let der = crate::pki::parse_certs(&chain[0], "leaf").unwrap();
         assert_eq!(crate::tls::peer_identity(&der).unwrap(), id("x", "y"));
         let err = ca
             .sign_csr(&csr, Some(&Identity::new("other.td", "x", "y")), validity)

@@ -46,9 +46,9 @@ use rustls::server::ParsedCertificate;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use crate::ca::der_to_pem;
 use crate::certmanager::{CertFetchError, CertSource};
 use crate::identity::{Identity, IdentityError};
+use crate::pki::{self, der_to_pem};
 use crate::tls::{self, TlsError, WorkloadCert};
 
 /// Istio's default `SECRET_TTL`: the lifetime asked for.
@@ -416,8 +416,8 @@ pub fn check_response(
     }
     // One certificate per element is what istiod sends; concatenated PEM in
     // an element is accepted too.
-    let certs = tls::parse_certs(&cert_chain.concat(), "CA's certificate chain")
-        .map_err(CaClientError::BadChain)?;
+    let certs = pki::parse_certs(&cert_chain.concat(), "CA's certificate chain")
+        .map_err(|e| CaClientError::BadChain(e.into()))?;
 
     let (_, leaf) = x509_parser::parse_x509_certificate(&certs[0])
         .map_err(|e| CaClientError::BadChain(TlsError::BadCertificate(e.to_string())))?;
@@ -431,7 +431,7 @@ pub fn check_response(
     if leaf.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
         return Err(CaClientError::KeyMismatch(Box::new(asked.clone())));
     }
-    let (not_before, not_after) = crate::ca::validity_of(&leaf);
+    let (not_before, not_after) = pki::validity_of(&leaf);
     let now = SystemTime::now();
     let validity_problem = |problem: String| CaClientError::Validity {
         identity: Box::new(asked.clone()),
@@ -451,11 +451,14 @@ pub fn check_response(
     }
 
     let roots: Vec<CertificateDer<'static>> = match roots_pem {
-        Some(pem) => tls::parse_certs(pem, "trust bundle").map_err(CaClientError::BadChain)?,
+        Some(pem) => {
+            pki::parse_certs(pem, "trust bundle").map_err(|e| CaClientError::BadChain(e.into()))?
+        }
         None if certs.len() < 2 => return Err(CaClientError::NoRootInResponse),
         None => vec![certs[certs.len() - 1].clone()],
     };
-    let store = tls::root_store(roots.iter().cloned()).map_err(CaClientError::BadChain)?;
+    let store =
+        pki::root_store(roots.iter().cloned()).map_err(|e| CaClientError::BadChain(e.into()))?;
     // What we will present: the leaf and whatever else is not a root.
     let presented: Vec<&CertificateDer<'static>> = certs
         .iter()
@@ -482,7 +485,7 @@ pub fn check_response(
         &store,
         &intermediates,
         at,
-        tls::crypto_provider().signature_verification_algorithms.all,
+        pki::crypto_provider().signature_verification_algorithms.all,
     )
     .map_err(|e| untrusted(e.to_string()))?;
 

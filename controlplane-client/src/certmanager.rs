@@ -127,7 +127,7 @@ impl BuiltinCaSource {
 impl CertSource for BuiltinCaSource {
     async fn fetch(&self, id: &Identity) -> Result<WorkloadCert, CertFetchError> {
         match self.ca.issue(id, self.validity) {
-            Ok(issued) => WorkloadCert::from_issued(&issued).map_err(CertFetchError::transient),
+            Ok(issued) => issued.to_workload_cert().map_err(CertFetchError::transient),
             Err(e @ (CaError::Identity { .. } | CaError::ForeignTrustDomain { .. })) => {
                 Err(CertFetchError::permanent(e))
             }

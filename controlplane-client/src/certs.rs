@@ -17,7 +17,7 @@ use crate::certmanager::{BuiltinCaSource, CertManager, CertManagerConfig};
 use crate::identity::Identity;
 use crate::publish::{sealed, Feed, Published, Publisher};
 use crate::snapshot::Snapshot;
-use crate::tls::{build_tls_configs, TlsConfigs, TlsError, WorkloadCert};
+use crate::tls::{build_tls_configs, TlsConfigs, TlsError};
 use crate::SnapshotFeed;
 
 /// Publishes [`CertSnapshot`]s (control thread).
@@ -121,7 +121,7 @@ pub fn issue_configs(
         identity: Box::new(identity.clone()),
         source,
     };
-    let cert = WorkloadCert::from_issued(&issued).map_err(tls_err)?;
+    let cert = issued.to_workload_cert().map_err(tls_err)?;
     Ok(Arc::new(build_tls_configs(&cert).map_err(tls_err)?))
 }
 

@@ -29,6 +29,7 @@ pub mod devcp;
 pub mod identity;
 pub mod local;
 pub mod model;
+pub mod pki;
 pub mod publish;
 pub mod snapshot;
 pub mod tls;

@@ -20,12 +20,12 @@
 //! source identity used for authorization.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::Resumption;
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
@@ -36,8 +36,8 @@ use rustls::{
 use rustls_pki_types::pem::PemObject;
 use x509_parser::extensions::GeneralName;
 
-use crate::ca::IssuedCert;
 use crate::identity::{Identity, IdentityError};
+use crate::pki::{crypto_provider, parse_certs, root_store, validity_of, PkiError};
 
 /// The only ALPN protocol HBONE uses.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -47,12 +47,9 @@ pub const ALPN_H2: &[u8] = b"h2";
 /// failures readable in logs.
 #[derive(thiserror::Error)]
 pub enum TlsError {
-    #[error("bad PEM in the {what}: {detail}")]
-    Pem { what: &'static str, detail: String },
-    #[error("no certificate in the {0}")]
-    NoCertificate(&'static str),
-    #[error("invalid root certificate: {0}")]
-    BadRoot(String),
+    /// Reading the certificates or building the trust store.
+    #[error(transparent)]
+    Pki(#[from] PkiError),
     #[error("the peer presented no certificate")]
     NoPeerCertificate,
     #[error("unparsable certificate: {0}")]
@@ -88,24 +85,6 @@ impl TlsError {
     }
 }
 
-/// ring with only the two TLS 1.3 AES-GCM suites ztunnel allows; key exchange
-/// groups are ring's defaults. Built once.
-pub fn crypto_provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER
-        .get_or_init(|| {
-            let ring = rustls::crypto::ring::default_provider();
-            Arc::new(CryptoProvider {
-                cipher_suites: vec![
-                    rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384,
-                    rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
-                ],
-                ..ring
-            })
-        })
-        .clone()
-}
-
 /// A workload's certificate material, parsed: what [`build_tls_configs`]
 /// needs. The key never shows in `Debug`.
 pub struct WorkloadCert {
@@ -118,23 +97,6 @@ pub struct WorkloadCert {
 }
 
 impl WorkloadCert {
-    /// Parses a certificate from the CA; its leaf must carry the identity it
-    /// was issued for.
-    pub fn from_issued(issued: &IssuedCert) -> Result<WorkloadCert, TlsError> {
-        let cert = WorkloadCert::from_pem(
-            &issued.key_pem,
-            &issued.chain_pem.concat(),
-            &issued.root_pem,
-        )?;
-        if cert.identity != issued.identity {
-            return Err(TlsError::IdentityMismatch {
-                expected: Box::new(issued.identity.clone()),
-                actual: Box::new(cert.identity),
-            });
-        }
-        Ok(cert)
-    }
-
     /// `chain_pem`: the leaf first, then intermediates; `roots_pem`: one or
     /// more trust anchors. The identity and validity come from the leaf. The
     /// chain is not verified here (an expired certificate still loads; peers
@@ -146,7 +108,7 @@ impl WorkloadCert {
         roots_pem: &str,
     ) -> Result<WorkloadCert, TlsError> {
         let chain = parse_certs(chain_pem, "certificate chain")?;
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| TlsError::Pem {
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| PkiError::Pem {
             what: "private key",
             detail: e.to_string(),
         })?;
@@ -154,7 +116,7 @@ impl WorkloadCert {
         let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
             .map_err(|e| TlsError::BadCertificate(e.to_string()))?;
         let identity = spiffe_id_of(&leaf)?;
-        let (not_before, not_after) = crate::ca::validity_of(&leaf);
+        let (not_before, not_after) = validity_of(&leaf);
         Ok(WorkloadCert {
             identity,
             chain,
@@ -302,52 +264,6 @@ fn spiffe_id_of(
     Ok(uri.parse()?)
 }
 
-/// Every certificate in `pem` (other PEM sections are skipped); at least one.
-/// A trust store of `certs`.
-pub fn root_store(
-    certs: impl IntoIterator<Item = CertificateDer<'static>>,
-) -> Result<RootCertStore, TlsError> {
-    let mut roots = RootCertStore::empty();
-    for root in certs {
-        roots
-            .add(root)
-            .map_err(|e| TlsError::BadRoot(e.to_string()))?;
-    }
-    Ok(roots)
-}
-
-pub fn parse_certs(
-    pem: &str,
-    what: &'static str,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            what,
-            detail: e.to_string(),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificate(what));
-    }
-    Ok(certs)
-}
-
-/// Verifies `chain` (leaf first) up to `roots` now, as a server certificate,
-/// with the same code the client verifier uses.
-pub(crate) fn verify_chain(
-    chain: &[CertificateDer<'_>],
-    roots: &RootCertStore,
-) -> Result<(), rustls::Error> {
-    let leaf = ParsedCertificate::try_from(&chain[0])?;
-    rustls::client::verify_server_cert_signed_by_trust_anchor(
-        &leaf,
-        roots,
-        &chain[1..],
-        UnixTime::now(),
-        crypto_provider().signature_verification_algorithms.all,
-    )
-}
-
 /// webpki client-certificate verification, plus: the client's SPIFFE trust
 /// domain must be ours.
 #[derive(Debug)]
@@ -478,6 +394,7 @@ mod tests {
     use super::*;
     use crate::ca::{BuiltinCa, DEFAULT_CERT_VALIDITY};
     use rustls::client::ResolvesClientCert;
+    use rustls::crypto::CryptoProvider;
     use rustls::sign::CertifiedKey;
     use rustls::{AlertDescription, Connection, ProtocolVersion};
     use std::io::{Read, Write};
@@ -498,7 +415,7 @@ mod tests {
                 DEFAULT_CERT_VALIDITY,
             )
             .unwrap();
-        build_tls_configs(&WorkloadCert::from_issued(&issued).unwrap()).unwrap()
+        build_tls_configs(&issued.to_workload_cert().unwrap()).unwrap()
     }
 
     fn expired_configs(ca: &BuiltinCa, ns: &str, sa: &str) -> TlsConfigs {
@@ -511,7 +428,7 @@ mod tests {
                 now - day,
             )
             .unwrap();
-        build_tls_configs(&WorkloadCert::from_issued(&issued).unwrap()).unwrap()
+        build_tls_configs(&issued.to_workload_cert().unwrap()).unwrap()
     }
 
     /// What happened when a client and a server talked in memory: the
@@ -820,7 +737,7 @@ mod tests {
         let issued = ca
             .issue(&Identity::new(TD, "web", "client"), DEFAULT_CERT_VALIDITY)
             .unwrap();
-        let cert = WorkloadCert::from_issued(&issued).unwrap();
+        let cert = issued.to_workload_cert().unwrap();
         let verifier = Arc::new(SpiffeServerVerifier {
             roots: cert.roots.clone(),
             algorithms: provider.signature_verification_algorithms,
@@ -937,7 +854,7 @@ mod tests {
 
         let mut lying = issued.clone();
         lying.identity = Identity::new(TD, "a", "c");
-        let err = WorkloadCert::from_issued(&lying).unwrap_err();
+        let err = lying.to_workload_cert().unwrap_err();
         assert!(matches!(err, TlsError::IdentityMismatch { .. }), "{err:?}");
     }
 }

@@ -150,7 +150,7 @@ pub fn issue_server_cert(
     for cert in CertificateDer::pem_slice_iter(&chain_file) {
         let cert = cert.map_err(|e| format!("{CERT_CHAIN_FILE}: {e}"))?;
         if !ca.roots().contains(&cert) {
-            chain_pem.push_str(&crate::ca::der_to_pem("CERTIFICATE", &cert));
+            chain_pem.push_str(&crate::pki::der_to_pem("CERTIFICATE", &cert));
         }
     }
     Ok(ServerCert {

@@ -807,8 +807,8 @@ impl Client {
             .as_ref()
             .ok_or("TLS needs a root CA file")?;
         let pem = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let roots = crate::tls::parse_certs(&pem, "root CA")
-            .and_then(crate::tls::root_store)
+        let roots = crate::pki::parse_certs(&pem, "root CA")
+            .and_then(crate::pki::root_store)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)

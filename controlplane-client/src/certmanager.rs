@@ -1,7 +1,7 @@
 //! The certificate manager: keeps a [`CertSnapshot`] of TLS configs for the
 //! identities this node serves, fetching certificates from a pluggable
 //! [`CertSource`] (the built-in CA signing locally, or an Istio CA through
-//! [`CaClient`](crate::caclient::CaClient)).
+//! the CA client, which implements [`CertSource`] on top of this module).
 //!
 //! It runs as one task on the control thread's tokio runtime:
 //!
@@ -39,10 +39,11 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
-use ring::rand::{SecureRandom, SystemRandom};
+use ring::rand::SystemRandom;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::backoff::jitter;
 use crate::ca::{BuiltinCa, CaError};
 use crate::certs::{refresh_at, wanted_identities, CertFeed, CertPublisher, CertSnapshot};
 use crate::identity::Identity;
@@ -134,6 +135,31 @@ impl CertSource for BuiltinCaSource {
             Err(e) => Err(CertFetchError::transient(e)),
         }
     }
+}
+
+/// The built-in certificate manager: a [`CertManager`] over the built-in CA
+/// ([`BuiltinCaSource`], `validity` long) prefetching the identities of the
+/// workloads on `node` (all workloads when `None`). Certificates already in
+/// `certs` (e.g. from [`issue_all`](crate::certs::issue_all)) are adopted; identities that leave the
+/// node are dropped; each is re-issued at half its lifetime; failures back
+/// off while a still-valid certificate is kept. Returns when the workload
+/// feed closes. Cores have no way to ask this one for certificates; build
+/// the [`CertManager`] directly for that.
+pub async fn run_builtin_cert_manager(
+    ca: Arc<BuiltinCa>,
+    workloads: SnapshotFeed,
+    certs: CertPublisher,
+    node: Option<String>,
+    validity: Duration,
+) {
+    let source = Arc::new(BuiltinCaSource::new(ca, validity));
+    let config = CertManagerConfig {
+        node,
+        ..CertManagerConfig::default()
+    };
+    CertManager::new(source, workloads, certs, config)
+        .run()
+        .await
 }
 
 /// How cores ask for a certificate: send the identity. `Send`, and sending
@@ -738,18 +764,6 @@ impl State {
     }
 }
 
-/// `base` ±20 %.
-/// `base` ±20 %, so that many clients retrying together spread out
-/// (shared with the xDS client's reconnect backoff).
-pub(crate) fn jitter(rng: &SystemRandom, base: Duration) -> Duration {
-    let mut bytes = [0u8; 2];
-    if rng.fill(&mut bytes).is_err() {
-        return base;
-    }
-    let unit = f64::from(u16::from_le_bytes(bytes)) / f64::from(u16::MAX);
-    base.mul_f64(0.8 + 0.4 * unit)
-}
-
 const _: fn() = || {
     fn send_sync<T: Send + Sync>() {}
     fn send<T: Send>() {}
@@ -761,6 +775,9 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::certs::issue_all;
+    use crate::certs::tests::{snapshot, workload, TD};
+    use crate::publish::SnapshotPublisher;
 
     fn id(sa: &str) -> Identity {
         Identity::new("cluster.local", "ns", sa)
@@ -785,18 +802,6 @@ mod tests {
         q.remove(&id("x"));
         assert!(q.pop().is_none());
         assert!(q.index.is_empty());
-    }
-
-    #[test]
-    fn jitter_stays_within_twenty_percent() {
-        let rng = SystemRandom::new();
-        for _ in 0..200 {
-            let d = jitter(&rng, Duration::from_secs(10));
-            assert!(
-                d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
-                "{d:?}"
-            );
-        }
     }
 
     #[test]
@@ -831,5 +836,145 @@ mod tests {
             }
         ));
         assert_eq!(state.statuses()[&id("a")], CertState::Pending);
+    }
+
+    fn ids(snap: &CertSnapshot) -> BTreeSet<String> {
+        snap.identities().map(ToString::to_string).collect()
+    }
+
+    /// Waits (bounded) until the feed's current snapshot satisfies `done`.
+    async fn wait_for(
+        feed: &mut CertFeed,
+        done: impl Fn(&CertSnapshot) -> bool,
+    ) -> Arc<CertSnapshot> {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let current = feed.current();
+                if done(&current) {
+                    return current;
+                }
+                feed.changed().await.expect("publisher alive");
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out; last: {:?}", feed.current()))
+    }
+
+    #[tokio::test]
+    async fn manager_follows_the_workloads_on_its_node() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = Arc::new(BuiltinCa::load_or_create(tmp.path(), TD).unwrap());
+        let workloads = SnapshotPublisher::new();
+        workloads.publish(snapshot(vec![
+            workload("w1", "10.0.0.1", "n1", "a", "x"),
+            workload("w2", "10.0.0.2", "n1", "b", "y"),
+            workload("w3", "10.0.0.3", "n2", "c", "z"),
+        ]));
+        let certs = CertPublisher::new();
+        let mut feed = certs.subscribe();
+        let manager = tokio::spawn(run_builtin_cert_manager(
+            ca.clone(),
+            workloads.subscribe(),
+            certs.clone(),
+            Some("n1".into()),
+            DEFAULT_VALIDITY_FOR_TESTS,
+        ));
+
+        let first = wait_for(&mut feed, |s| !s.is_empty()).await;
+        assert_eq!(
+            ids(&first),
+            BTreeSet::from([
+                "spiffe://cluster.local/ns/a/sa/x".to_owned(),
+                "spiffe://cluster.local/ns/b/sa/y".to_owned()
+            ])
+        );
+        let kept = first.get(&Identity::new(TD, "a", "x")).unwrap().clone();
+
+        // w2 leaves, w4 (another node) arrives: only a/x remains, and it is
+        // the same configs, not a re-issue.
+        workloads.publish(snapshot(vec![
+            workload("w1", "10.0.0.1", "n1", "a", "x"),
+            workload("w3", "10.0.0.3", "n2", "c", "z"),
+            workload("w4", "10.0.0.4", "n2", "d", "w"),
+        ]));
+        let second = wait_for(&mut feed, |s| s.len() == 1).await;
+        assert_eq!(
+            ids(&second),
+            BTreeSet::from(["spiffe://cluster.local/ns/a/sa/x".to_owned()])
+        );
+        assert!(Arc::ptr_eq(
+            second.get(&Identity::new(TD, "a", "x")).unwrap(),
+            &kept
+        ));
+
+        // A workload whose identity the CA refuses is skipped, not fatal.
+        workloads.publish(snapshot(vec![
+            workload("w1", "10.0.0.1", "n1", "a", "x"),
+            workload("w5", "10.0.0.5", "n1", "", "broken"),
+            workload("w6", "10.0.0.6", "n1", "e", "v"),
+        ]));
+        let third = wait_for(&mut feed, |s| s.len() == 2).await;
+        assert!(third.get(&Identity::new(TD, "e", "v")).is_some());
+
+        drop(workloads);
+        tokio::time::timeout(Duration::from_secs(10), manager)
+            .await
+            .expect("manager stops when the workload feed closes")
+            .unwrap();
+    }
+
+    const DEFAULT_VALIDITY_FOR_TESTS: Duration = Duration::from_secs(3600);
+
+    #[tokio::test]
+    async fn manager_reissues_at_half_lifetime_and_reuses_startup_certs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = Arc::new(BuiltinCa::load_or_create(tmp.path(), TD).unwrap());
+        let workloads = SnapshotPublisher::new();
+        let snap = snapshot(vec![
+            workload("w1", "10.0.0.1", "n1", "a", "x"),
+            workload("w2", "10.0.0.2", "n1", "b", "y"),
+        ]);
+        // b/y comes from startup with a long lifetime; a/x is short-lived.
+        let short = Duration::from_secs(2);
+        let startup = issue_all(
+            &ca,
+            [Identity::new(TD, "b", "y")],
+            DEFAULT_VALIDITY_FOR_TESTS,
+        )
+        .unwrap();
+        workloads.publish(snap);
+        let certs = CertPublisher::new();
+        certs.publish(startup);
+        let long_lived = certs
+            .current()
+            .get(&Identity::new(TD, "b", "y"))
+            .unwrap()
+            .clone();
+        let mut feed = certs.subscribe();
+        let manager = tokio::spawn(run_builtin_cert_manager(
+            ca,
+            workloads.subscribe(),
+            certs.clone(),
+            None,
+            short,
+        ));
+
+        let a = Identity::new(TD, "a", "x");
+        let first = wait_for(&mut feed, |s| s.get(&a).is_some()).await;
+        let first_not_after = first.get(&a).unwrap().not_after;
+        let renewed = wait_for(&mut feed, |s| {
+            s.get(&a).is_some_and(|c| c.not_after > first_not_after)
+        })
+        .await;
+        assert!(renewed.version() > first.version());
+        assert_eq!(renewed.len(), 2);
+        assert!(
+            Arc::ptr_eq(
+                renewed.get(&Identity::new(TD, "b", "y")).unwrap(),
+                &long_lived
+            ),
+            "the startup certificate is reused, not re-issued"
+        );
+        manager.abort();
     }
 }

@@ -2,10 +2,9 @@
 //! TLS configs per local identity, handed over like the configuration
 //! snapshot ([`CertPublisher`] on the control thread, [`CertFeed`] on the
 //! cores), plus the helpers around it: startup issuance ([`issue_all`]),
-//! which identities a node needs ([`wanted_identities`]), when to renew
-//! ([`refresh_at`]) and the built-in CA's manager
-//! ([`run_builtin_cert_manager`], a [`CertManager`] over a [`BuiltinCa`];
-//! see [`crate::certmanager`]).
+//! which identities a node needs ([`wanted_identities`]) and when to renew
+//! ([`refresh_at`]). The certificate manager that keeps a node's snapshot
+//! current is built on these; this module does not depend on it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -13,12 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
-use crate::certmanager::{BuiltinCaSource, CertManager, CertManagerConfig};
 use crate::identity::Identity;
 use crate::publish::{sealed, Feed, Published, Publisher};
 use crate::snapshot::Snapshot;
 use crate::tls::{build_tls_configs, TlsConfigs, TlsError};
-use crate::SnapshotFeed;
 
 /// Publishes [`CertSnapshot`]s (control thread).
 pub type CertPublisher = Publisher<CertSnapshot>;
@@ -164,31 +161,6 @@ pub fn refresh_at(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
     start + lifetime / 2
 }
 
-/// The built-in certificate manager: a [`CertManager`] over the built-in CA
-/// ([`BuiltinCaSource`], `validity` long) prefetching the identities of the
-/// workloads on `node` (all workloads when `None`). Certificates already in
-/// `certs` (e.g. from [`issue_all`]) are adopted; identities that leave the
-/// node are dropped; each is re-issued at half its lifetime; failures back
-/// off while a still-valid certificate is kept. Returns when the workload
-/// feed closes. Cores have no way to ask this one for certificates; build
-/// the [`CertManager`] directly for that.
-pub async fn run_builtin_cert_manager(
-    ca: Arc<BuiltinCa>,
-    workloads: SnapshotFeed,
-    certs: CertPublisher,
-    node: Option<String>,
-    validity: Duration,
-) {
-    let source = Arc::new(BuiltinCaSource::new(ca, validity));
-    let config = CertManagerConfig {
-        node,
-        ..CertManagerConfig::default()
-    };
-    CertManager::new(source, workloads, certs, config)
-        .run()
-        .await
-}
-
 fn log_issued(c: &TlsConfigs) {
     let valid_for = c
         .not_after
@@ -203,19 +175,21 @@ fn log_issued(c: &TlsConfigs) {
 
 const _: fn() = || {
     fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
     send_sync::<CertSnapshot>();
     send_sync::<CertError>();
+    send_sync::<CertPublisher>();
+    send::<CertFeed>();
 };
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::Workload;
-    use crate::SnapshotPublisher;
 
-    const TD: &str = "cluster.local";
+    pub(crate) const TD: &str = "cluster.local";
 
-    fn workload(uid: &str, ip: &str, node: &str, ns: &str, sa: &str) -> Workload {
+    pub(crate) fn workload(uid: &str, ip: &str, node: &str, ns: &str, sa: &str) -> Workload {
         Workload {
             uid: uid.into(),
             addresses: vec![ip.parse().unwrap()],
@@ -226,30 +200,8 @@ mod tests {
         }
     }
 
-    fn snapshot(workloads: Vec<Workload>) -> Snapshot {
+    pub(crate) fn snapshot(workloads: Vec<Workload>) -> Snapshot {
         Snapshot::new(workloads, vec![], vec![]).unwrap()
-    }
-
-    fn ids(snap: &CertSnapshot) -> BTreeSet<String> {
-        snap.identities().map(ToString::to_string).collect()
-    }
-
-    /// Waits (bounded) until the feed's current snapshot satisfies `done`.
-    async fn wait_for(
-        feed: &mut CertFeed,
-        done: impl Fn(&CertSnapshot) -> bool,
-    ) -> Arc<CertSnapshot> {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                let current = feed.current();
-                if done(&current) {
-                    return current;
-                }
-                feed.changed().await.expect("publisher alive");
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("timed out; last: {:?}", feed.current()))
     }
 
     #[test]
@@ -323,123 +275,5 @@ mod tests {
         );
         assert_eq!(wanted_identities(&snap, None).len(), 3);
         assert!(wanted_identities(&snap, Some("n3")).is_empty());
-    }
-
-    #[tokio::test]
-    async fn manager_follows_the_workloads_on_its_node() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ca = Arc::new(BuiltinCa::load_or_create(tmp.path(), TD).unwrap());
-        let workloads = SnapshotPublisher::new();
-        workloads.publish(snapshot(vec![
-            workload("w1", "10.0.0.1", "n1", "a", "x"),
-            workload("w2", "10.0.0.2", "n1", "b", "y"),
-            workload("w3", "10.0.0.3", "n2", "c", "z"),
-        ]));
-        let certs = CertPublisher::new();
-        let mut feed = certs.subscribe();
-        let manager = tokio::spawn(run_builtin_cert_manager(
-            ca.clone(),
-            workloads.subscribe(),
-            certs.clone(),
-            Some("n1".into()),
-            DEFAULT_VALIDITY_FOR_TESTS,
-        ));
-
-        let first = wait_for(&mut feed, |s| !s.is_empty()).await;
-        assert_eq!(
-            ids(&first),
-            BTreeSet::from([
-                "spiffe://cluster.local/ns/a/sa/x".to_owned(),
-                "spiffe://cluster.local/ns/b/sa/y".to_owned()
-            ])
-        );
-        let kept = first.get(&Identity::new(TD, "a", "x")).unwrap().clone();
-
-        // w2 leaves, w4 (another node) arrives: only a/x remains, and it is
-        // the same configs, not a re-issue.
-        workloads.publish(snapshot(vec![
-            workload("w1", "10.0.0.1", "n1", "a", "x"),
-            workload("w3", "10.0.0.3", "n2", "c", "z"),
-            workload("w4", "10.0.0.4", "n2", "d", "w"),
-        ]));
-        let second = wait_for(&mut feed, |s| s.len() == 1).await;
-        assert_eq!(
-            ids(&second),
-            BTreeSet::from(["spiffe://cluster.local/ns/a/sa/x".to_owned()])
-        );
-        assert!(Arc::ptr_eq(
-            second.get(&Identity::new(TD, "a", "x")).unwrap(),
-            &kept
-        ));
-
-        // A workload whose identity the CA refuses is skipped, not fatal.
-        workloads.publish(snapshot(vec![
-            workload("w1", "10.0.0.1", "n1", "a", "x"),
-            workload("w5", "10.0.0.5", "n1", "", "broken"),
-            workload("w6", "10.0.0.6", "n1", "e", "v"),
-        ]));
-        let third = wait_for(&mut feed, |s| s.len() == 2).await;
-        assert!(third.get(&Identity::new(TD, "e", "v")).is_some());
-
-        drop(workloads);
-        tokio::time::timeout(Duration::from_secs(10), manager)
-            .await
-            .expect("manager stops when the workload feed closes")
-            .unwrap();
-    }
-
-    const DEFAULT_VALIDITY_FOR_TESTS: Duration = Duration::from_secs(3600);
-
-    #[tokio::test]
-    async fn manager_reissues_at_half_lifetime_and_reuses_startup_certs() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ca = Arc::new(BuiltinCa::load_or_create(tmp.path(), TD).unwrap());
-        let workloads = SnapshotPublisher::new();
-        let snap = snapshot(vec![
-            workload("w1", "10.0.0.1", "n1", "a", "x"),
-            workload("w2", "10.0.0.2", "n1", "b", "y"),
-        ]);
-        // b/y comes from startup with a long lifetime; a/x is short-lived.
-        let short = Duration::from_secs(2);
-        let startup = issue_all(
-            &ca,
-            [Identity::new(TD, "b", "y")],
-            DEFAULT_VALIDITY_FOR_TESTS,
-        )
-        .unwrap();
-        workloads.publish(snap);
-        let certs = CertPublisher::new();
-        certs.publish(startup);
-        let long_lived = certs
-            .current()
-            .get(&Identity::new(TD, "b", "y"))
-            .unwrap()
-            .clone();
-        let mut feed = certs.subscribe();
-        let manager = tokio::spawn(run_builtin_cert_manager(
-            ca,
-            workloads.subscribe(),
-            certs.clone(),
-            None,
-            short,
-        ));
-
-        let a = Identity::new(TD, "a", "x");
-        let first = wait_for(&mut feed, |s| s.get(&a).is_some()).await;
-        let first_not_after = first.get(&a).unwrap().not_after;
-        let renewed = wait_for(&mut feed, |s| {
-            s.get(&a).is_some_and(|c| c.not_after > first_not_after)
-        })
-        .await;
-        assert!(renewed.version() > first.version());
-        assert_eq!(renewed.len(), 2);
-        assert!(
-            Arc::ptr_eq(
-                renewed.get(&Identity::new(TD, "b", "y")).unwrap(),
-                &long_lived
-            ),
-            "the startup certificate is reused, not re-issued"
-        );
-        manager.abort();
     }
 }

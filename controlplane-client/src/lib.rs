@@ -16,11 +16,12 @@
 //! - [`tls`]: rustls server/client configs for HBONE mTLS, built once per
 //!   identity ([`TlsConfigs`]), and [`peer_identity`].
 //! - [`certs`]: [`CertSnapshot`] (configs by identity), published to the cores
-//!   like [`Snapshot`], and the built-in certificate manager.
+//!   like [`Snapshot`].
 //!
 //! Sources still to come (xDS, CA client) build [`Snapshot`]s and publish
 //! them the same way.
 
+mod backoff;
 pub mod ca;
 pub mod caclient;
 pub mod certmanager;

@@ -653,11 +653,10 @@ impl Backoff {
     fn next_delay(&mut self) -> Duration {
         let base = self.current;
         self.current = (self.current * 2).min(self.cfg.max);
-        crate::certmanager::jitter(&ring::rand::SystemRandom::new(), base)
+        crate::backoff::jitter(&ring::rand::SystemRandom::new(), base)
     }
 }
 
-/// ±20 %.
 /// What survives reconnects.
 #[derive(Default)]
 struct ClientState {

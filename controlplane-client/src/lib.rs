@@ -1,44 +1,42 @@
-//! ringway's control-plane side: what the mesh looks like and how that view
+//! ringway's control-plane side: what the mesh looks like, where that view
+//! comes from, the certificates its identities need, and how all of it
 //! reaches the data-plane cores.
 //!
-//! - [`model`]: workloads, services and authorization policies, free of any
-//!   wire format.
-//! - [`snapshot`]: [`Snapshot`], an immutable, validated, indexed set of them;
-//!   cores look things up in it per connection.
-//! - [`publish`]: [`SnapshotPublisher`] (control thread) and [`SnapshotFeed`]
-//!   (cores): lock-free hand-over of the current snapshot plus change
-//!   notification that works on any executor.
-//! - [`local`]: the local YAML source (ztunnel's LOCAL_XDS schema), the
-//!   embedded default config, and a file watcher.
-//! - [`identity`]: [`Identity`], a parsed `spiffe://td/ns/NS/sa/SA`.
-//! - [`ca`]: [`BuiltinCa`], the local CA (Istio's cacerts layout) that signs
-//!   workload certificates.
-//! - [`tls`]: rustls server/client configs for HBONE mTLS, built once per
-//!   identity ([`TlsConfigs`]), and [`peer_identity`].
-//! - [`certs`]: [`CertSnapshot`] (configs by identity), published to the cores
-//!   like [`Snapshot`].
+//! The crate is layered; each layer may use only the ones above it in this
+//! list (`tests/layering.rs` enforces it):
 //!
-//! Sources still to come (xDS, CA client) build [`Snapshot`]s and publish
-//! them the same way.
+//! - [`model`]: the mesh as plain values, no I/O: workloads, services and
+//!   authorization policies ([`model`]), [`Identity`] ([`model::identity`]),
+//!   and [`Snapshot`] ([`model::snapshot`]), an immutable, validated, indexed
+//!   set of them that cores look things up in per connection. Decisions that
+//!   need no I/O live here too, next to the model they read.
+//! - [`publish`]: [`Publisher`] (control thread) and [`Feed`] (cores):
+//!   lock-free hand-over of the current value plus change notification that
+//!   works on any executor; [`SnapshotPublisher`] / [`SnapshotFeed`] for
+//!   snapshots.
+//! - [`security`]: the identities' certificates and mTLS: X.509 helpers
+//!   ([`security::pki`]), the built-in CA ([`BuiltinCa`]), the TLS configs
+//!   for HBONE ([`TlsConfigs`], [`peer_identity`]), the published
+//!   certificate snapshot ([`CertSnapshot`]), the certificate manager and the
+//!   client for an Istio CA.
+//! - [`sources`]: where snapshots come from: the local YAML file
+//!   ([`sources::local`]) and xDS from istiod ([`sources::xds`]).
+//! - [`devcp`]: a development control plane (xDS and CA server) built from
+//!   all of the above, behind the `ringway-devcp` binary.
+//!
+//! A private `backoff` module holds the retry jitter that `security` and
+//! `sources` share; it depends on nothing.
 
 mod backoff;
-pub mod ca;
-pub mod caclient;
-pub mod certmanager;
-pub mod certs;
 pub mod devcp;
-pub mod identity;
-pub mod local;
 pub mod model;
-pub mod pki;
 pub mod publish;
-pub mod snapshot;
-pub mod tls;
-pub mod xds;
+pub mod security;
+pub mod sources;
 
-pub use ca::{BuiltinCa, CaError, IssuedCert};
-pub use certs::{CertFeed, CertPublisher, CertSnapshot};
-pub use identity::{Identity, IdentityError};
+pub use model::identity::{Identity, IdentityError};
+pub use model::snapshot::{DeltaOutcome, Rejected, Snapshot, SnapshotDelta, SnapshotError};
 pub use publish::{Closed, Feed, Publisher, SnapshotFeed, SnapshotGuard, SnapshotPublisher};
-pub use snapshot::{DeltaOutcome, Rejected, Snapshot, SnapshotDelta, SnapshotError};
-pub use tls::{build_tls_configs, peer_identity, TlsConfigs, TlsError, WorkloadCert};
+pub use security::ca::{BuiltinCa, CaError, IssuedCert};
+pub use security::certs::{CertFeed, CertPublisher, CertSnapshot};
+pub use security::tls::{build_tls_configs, peer_identity, TlsConfigs, TlsError, WorkloadCert};

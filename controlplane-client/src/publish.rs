@@ -6,13 +6,17 @@
 //! carrying the version wakes tasks that must react to a change. Only the
 //! `sync` part of tokio is used on the reader side, so a feed can be awaited
 //! from any executor (glommio included) without a tokio runtime.
+//!
+//! Generic over what is handed over; it uses only the [`model`](crate::model)
+//! (for the [`Snapshot`] aliases), and whoever publishes something else
+//! implements [`Published`] next to it.
 
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use crate::snapshot::Snapshot;
+use crate::model::snapshot::Snapshot;
 
 /// Something a [`Publisher`] hands out: it starts from an empty value and
 /// carries the version the publisher stamps on it. Implemented by

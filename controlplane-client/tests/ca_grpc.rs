@@ -8,15 +8,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use ringway_controlplane::ca::{BuiltinCa, ROOT_CERT_FILE};
-use ringway_controlplane::caclient::{CaClient, CaClientConfig, TrustBundle};
-use ringway_controlplane::certmanager::{
+use ringway_controlplane::devcp::ca::{service, DevCa, DevCaOptions};
+use ringway_controlplane::model::Workload;
+use ringway_controlplane::security::ca::{BuiltinCa, ROOT_CERT_FILE};
+use ringway_controlplane::security::caclient::{CaClient, CaClientConfig, TrustBundle};
+use ringway_controlplane::security::certmanager::{
     wait_for_cert, BuiltinCaSource, CertFetchError, CertManager, CertManagerConfig, CertSource,
     CertState, CertStatuses,
 };
-use ringway_controlplane::devcp::ca::{service, DevCa, DevCaOptions};
-use ringway_controlplane::model::Workload;
-use ringway_controlplane::tls::{build_tls_configs, peer_identity, TlsConfigs, WorkloadCert};
+use ringway_controlplane::security::tls::{
+    build_tls_configs, peer_identity, TlsConfigs, WorkloadCert,
+};
 use ringway_controlplane::{CertFeed, CertPublisher, CertSnapshot, Identity, Snapshot};
 use ringway_controlplane::{SnapshotPublisher, TlsError};
 use ringway_proto::ca::istio_certificate_service_server::{
@@ -501,7 +503,7 @@ struct Manager {
     workloads: SnapshotPublisher,
     feed: CertFeed,
     statuses: watch::Receiver<CertStatuses>,
-    requests: ringway_controlplane::certmanager::CertRequests,
+    requests: ringway_controlplane::security::certmanager::CertRequests,
     task: tokio::task::JoinHandle<()>,
 }
 

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use ringway_controlplane::devcp::{self, ads, DevAds, Router, XdsResources};
 use ringway_controlplane::model::{Policy, PolicyAction, PolicyScope, Workload};
-use ringway_controlplane::xds::convert::{self, AddressResource};
-use ringway_controlplane::xds::{
+use ringway_controlplane::sources::xds::convert::{self, AddressResource};
+use ringway_controlplane::sources::xds::{
     self, BackoffConfig, NodeInfo, OnDemandSender, TerminationReason, XdsConfig, XdsStatus,
     ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use ringway_controlplane::ca::BuiltinCa;
-use ringway_controlplane::caclient::CaClientConfig;
-use ringway_controlplane::certs::{self, CertPublisher};
-use ringway_controlplane::xds::{on_demand_channel, NodeInfo, OnDemandSender, XdsConfig};
-use ringway_controlplane::{local, SnapshotPublisher};
+use ringway_controlplane::security::ca::BuiltinCa;
+use ringway_controlplane::security::caclient::CaClientConfig;
+use ringway_controlplane::security::certs::{self, CertPublisher};
+use ringway_controlplane::sources::local;
+use ringway_controlplane::sources::xds::{on_demand_channel, NodeInfo, OnDemandSender, XdsConfig};
+use ringway_controlplane::SnapshotPublisher;
 use tokio::sync::watch;
 
 use crate::config::{allowed_cpus, format_cpus, plan_cores, Args, ProxyConfig};
@@ -262,7 +263,7 @@ fn config_source(
 
 /// `ringway cert issue`: mint a certificate from the built-in CA.
 pub fn issue_cert(spiffe_id: &str, ca_dir: &Path, out: &Path, ttl: Duration) -> anyhow::Result<()> {
-    let cert = ringway_controlplane::ca::issue_to_dir(ca_dir, spiffe_id, out, ttl)
+    let cert = ringway_controlplane::security::ca::issue_to_dir(ca_dir, spiffe_id, out, ttl)
         .with_context(|| format!("issuing {spiffe_id}"))?;
     println!(
         "issued {} (valid until {}) into {}: key.pem cert.pem cert-chain.pem root-cert.pem",

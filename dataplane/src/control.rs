@@ -10,14 +10,15 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use ringway_controlplane::ca::BuiltinCa;
-use ringway_controlplane::caclient::{CaClient, CaClientConfig};
-use ringway_controlplane::certmanager::{
+use ringway_controlplane::security::ca::BuiltinCa;
+use ringway_controlplane::security::caclient::{CaClient, CaClientConfig};
+use ringway_controlplane::security::certmanager::{
     BuiltinCaSource, CertManager, CertManagerConfig, CertRequests, CertSource,
 };
-use ringway_controlplane::certs::CertPublisher;
-use ringway_controlplane::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
-use ringway_controlplane::{local, SnapshotPublisher};
+use ringway_controlplane::security::certs::CertPublisher;
+use ringway_controlplane::sources::local;
+use ringway_controlplane::sources::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
+use ringway_controlplane::SnapshotPublisher;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 

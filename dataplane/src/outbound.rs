@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
-use ringway_controlplane::identity::Identity;
+use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::{
     LbHealthPolicy, LbMode, TunnelProtocol, Workload, WorkloadStatus,
 };
@@ -308,7 +308,7 @@ pub async fn route(
     let mut snapshot = core.snapshot();
     // On-demand xDS: an unknown destination may simply not be fetched yet.
     if core.control.on_demand.is_some()
-        && !ringway_controlplane::xds::resolves(&snapshot, &core.cfg.network, dst.ip())
+        && !ringway_controlplane::sources::xds::resolves(&snapshot, &core.cfg.network, dst.ip())
     {
         if let Some(fresh) = core.resolve_on_demand(dst.ip()).await {
             snapshot = Rc::new(fresh);

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use glommio::{LocalExecutorBuilder, Placement};
-use ringway_controlplane::certmanager::{wait_for_cert, CertRequests};
-use ringway_controlplane::certs::{CertFeed, CertSnapshot};
-use ringway_controlplane::identity::Identity;
-use ringway_controlplane::tls::TlsConfigs;
-use ringway_controlplane::xds::{lookup_on_demand, OnDemandSender};
+use ringway_controlplane::model::identity::Identity;
+use ringway_controlplane::security::certmanager::{wait_for_cert, CertRequests};
+use ringway_controlplane::security::certs::{CertFeed, CertSnapshot};
+use ringway_controlplane::security::tls::TlsConfigs;
+use ringway_controlplane::sources::xds::{lookup_on_demand, OnDemandSender};
 use ringway_controlplane::{Snapshot, SnapshotFeed};
 use tokio::sync::watch;
 

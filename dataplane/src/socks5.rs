@@ -737,7 +737,7 @@ mod tests {
     }
 
     fn snapshot(yaml: &str) -> Snapshot {
-        ringway_controlplane::local::load_snapshot(yaml, "test").unwrap()
+        ringway_controlplane::sources::local::load_snapshot(yaml, "test").unwrap()
     }
 
     #[test]

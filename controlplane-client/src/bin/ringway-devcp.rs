@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ringway_controlplane::ca::ROOT_CERT_FILE;
 use ringway_controlplane::devcp::{self, ads, ca::DevCaOptions, Router};
+use ringway_controlplane::security::ca::ROOT_CERT_FILE;
 use ringway_controlplane::BuiltinCa;
 
 #[derive(Parser, Debug)]
@@ -102,8 +102,8 @@ async fn run(args: Args) -> Result<(), String> {
     let config = dev_ads.config();
     tracing::info!(
         path = %args.config.display(),
-        addresses = config.names(ringway_controlplane::xds::ADDRESS_TYPE_URL).len(),
-        policies = config.names(ringway_controlplane::xds::AUTHORIZATION_TYPE_URL).len(),
+        addresses = config.names(ringway_controlplane::sources::xds::ADDRESS_TYPE_URL).len(),
+        policies = config.names(ringway_controlplane::sources::xds::AUTHORIZATION_TYPE_URL).len(),
         "serving config"
     );
 

@@ -38,9 +38,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::local::{self, ConfigError};
 use crate::model::{Policy, Service, Workload};
-use crate::xds::convert::{self, AddressResource};
+use crate::sources::local::{self, ConfigError};
+use crate::sources::xds::convert::{self, AddressResource};
 
 /// One type's resources, by primary name.
 #[derive(Debug, Clone, Default)]

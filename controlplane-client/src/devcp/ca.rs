@@ -20,9 +20,9 @@ use ringway_proto::ca::istio_certificate_service_server::{
 use ringway_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tonic::{Request, Response, Status};
 
-use crate::ca::{BuiltinCa, CaError};
-use crate::caclient::{CLUSTER_ID_HEADER, IMPERSONATED_IDENTITY_KEY};
-use crate::identity::Identity;
+use crate::model::identity::Identity;
+use crate::security::ca::{BuiltinCa, CaError};
+use crate::security::caclient::{CLUSTER_ID_HEADER, IMPERSONATED_IDENTITY_KEY};
 
 /// Lifetime bounds. A request outside `[min_validity, max_validity]` is
 /// moved to the nearest bound; one asking for nothing (0 or negative) gets

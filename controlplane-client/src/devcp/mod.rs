@@ -25,7 +25,10 @@
 //! `istiod.istio-system.svc` and `localhost`) and the listen IP(s); set
 //! `ALT_XDS_HOSTNAME` / `ALT_CA_HOSTNAME` when dialling by another name.
 //! ringway's own client takes the same settings through
-//! [`XdsConfig`](crate::xds::XdsConfig).
+//! [`XdsConfig`](crate::sources::xds::XdsConfig).
+//!
+//! The top of the crate: it may use every other module, and nothing in the
+//! crate uses it.
 
 pub mod ads;
 pub mod ca;
@@ -51,7 +54,7 @@ use tonic::codegen::Service;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-use crate::ca::{BuiltinCa, CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE};
+use crate::security::ca::{BuiltinCa, CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE};
 pub use ads::{load_config, DevAds, XdsResources};
 
 /// Largest message the servers accept or send (as istiod/ztunnel).
@@ -150,7 +153,7 @@ pub fn issue_server_cert(
     for cert in CertificateDer::pem_slice_iter(&chain_file) {
         let cert = cert.map_err(|e| format!("{CERT_CHAIN_FILE}: {e}"))?;
         if !ca.roots().contains(&cert) {
-            chain_pem.push_str(&crate::pki::der_to_pem("CERTIFICATE", &cert));
+            chain_pem.push_str(&crate::security::pki::der_to_pem("CERTIFICATE", &cert));
         }
     }
     Ok(ServerCert {

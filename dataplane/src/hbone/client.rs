@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use ringway_controlplane::identity::Identity;
+use ringway_controlplane::model::identity::Identity;
 use rustls_pki_types::ServerName;
 
 use super::pool::{Lease, PoolKey, PooledConn};

@@ -210,11 +210,11 @@ async fn stream_to_socket(
 pub fn peer_identity<D>(
     conn: &tokio_rustls::rustls::ConnectionCommon<D>,
     side: &str,
-) -> Result<ringway_controlplane::identity::Identity, String> {
+) -> Result<ringway_controlplane::model::identity::Identity, String> {
     let certs = conn
         .peer_certificates()
         .ok_or_else(|| format!("no {side} certificate"))?;
-    ringway_controlplane::tls::peer_identity(certs).map_err(|e| e.to_string())
+    ringway_controlplane::security::tls::peer_identity(certs).map_err(|e| e.to_string())
 }
 
 /// `forwarded: for="<ip:port>"` (RFC 7239 quoting; IPv6 in brackets).

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use ringway_controlplane::identity::Identity;
+use ringway_controlplane::model::identity::Identity;
 
 use super::client::HboneError;
 

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
-use ringway_controlplane::identity::Identity;
+use ringway_controlplane::model::identity::Identity;
 
 use super::{pump, with_timeout, PumpOutcome};
 use crate::accesslog::ConnLog;

@@ -17,10 +17,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
+use ringway_controlplane::model::snapshot::{Snapshot, SnapshotDelta};
 use ringway_controlplane::model::{
     Locality, NetworkAddress, PortMapping, Service, TunnelProtocol, Workload,
 };
-use ringway_controlplane::snapshot::{Snapshot, SnapshotDelta};
 
 // ---------------------------------------------------------------------------
 // Counting allocator

@@ -36,8 +36,8 @@ use rustls::{
 use rustls_pki_types::pem::PemObject;
 use x509_parser::extensions::GeneralName;
 
-use crate::identity::{Identity, IdentityError};
-use crate::pki::{crypto_provider, parse_certs, root_store, validity_of, PkiError};
+use crate::model::identity::{Identity, IdentityError};
+use crate::security::pki::{crypto_provider, parse_certs, root_store, validity_of, PkiError};
 
 /// The only ALPN protocol HBONE uses.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -392,7 +392,7 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::{BuiltinCa, DEFAULT_CERT_VALIDITY};
+    use crate::security::ca::{BuiltinCa, DEFAULT_CERT_VALIDITY};
     use rustls::client::ResolvesClientCert;
     use rustls::crypto::CryptoProvider;
     use rustls::sign::CertifiedKey;

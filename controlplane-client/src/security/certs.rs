@@ -11,11 +11,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
-use crate::identity::Identity;
+use crate::model::identity::Identity;
+use crate::model::snapshot::Snapshot;
 use crate::publish::{sealed, Feed, Published, Publisher};
-use crate::snapshot::Snapshot;
-use crate::tls::{build_tls_configs, TlsConfigs, TlsError};
+use crate::security::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
+use crate::security::tls::{build_tls_configs, TlsConfigs, TlsError};
 
 /// Publishes [`CertSnapshot`]s (control thread).
 pub type CertPublisher = Publisher<CertSnapshot>;

@@ -1,15 +1,23 @@
-//! The configuration model: workloads, services and authorization policies.
+//! The mesh as plain values, with no I/O: workloads, services and
+//! authorization policies (this module), workload identities ([`identity`])
+//! and the immutable, indexed [`snapshot`] of them that cores read.
 //!
 //! These are plain owned values with no serde or protobuf attached, so every
-//! source (local YAML now, xDS later) converts into the same types. They are
-//! built on the control thread and shared read-only with every core through
-//! `Arc`, hence `Send + Sync` and no interior mutability.
+//! source (local YAML, xDS) converts into the same types. They are built on
+//! the control thread and shared read-only with every core through `Arc`,
+//! hence `Send + Sync` and no interior mutability. Decisions that need no I/O
+//! belong next to the model they read, in here.
+//!
+//! Nothing in `model/` imports anything outside `model/`.
+
+pub mod identity;
+pub mod snapshot;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::identity::Identity;
+use crate::model::identity::Identity;
 
 /// Service account assumed when a workload doesn't name one.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";

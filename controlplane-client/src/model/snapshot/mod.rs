@@ -10,6 +10,8 @@
 //! costs microseconds instead of a rebuild. Every map is a `table::Table`:
 //! sharded SwissTables behind `Arc`s, copied per touched shard (that module
 //! says why this rather than a HAMT such as `imbl`, with measurements).
+//!
+//! Part of the model: it uses nothing outside `model/`.
 
 mod table;
 

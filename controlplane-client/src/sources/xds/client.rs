@@ -39,8 +39,8 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use super::convert::{self, address_key, AddressResource};
+use crate::model::snapshot::{Snapshot, SnapshotDelta};
 use crate::publish::{SnapshotFeed, SnapshotPublisher};
-use crate::snapshot::{Snapshot, SnapshotDelta};
 
 /// Largest response accepted (as ztunnel: 200 MiB).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 200 * 1024 * 1024;
@@ -806,8 +806,8 @@ impl Client {
             .as_ref()
             .ok_or("TLS needs a root CA file")?;
         let pem = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let roots = crate::pki::parse_certs(&pem, "root CA")
-            .and_then(crate::pki::root_store)
+        let roots = crate::security::pki::parse_certs(&pem, "root CA")
+            .and_then(crate::security::pki::root_store)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)

@@ -25,9 +25,9 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::OffsetDateTime;
 
-use crate::identity::{Identity, IdentityError};
-use crate::pki::{self, der_to_pem, validity_of};
-use crate::tls::{TlsError, WorkloadCert};
+use crate::model::identity::{Identity, IdentityError};
+use crate::security::pki::{self, der_to_pem, validity_of};
+use crate::security::tls::{TlsError, WorkloadCert};
 
 /// Lifetime of an issued workload certificate unless told otherwise (as
 /// istiod's `SECRET_TTL`).
@@ -110,7 +110,7 @@ impl IssuedCert {
         &self.chain_pem[0]
     }
 
-    /// Parsed for [`build_tls_configs`](crate::tls::build_tls_configs); the
+    /// Parsed for [`build_tls_configs`](crate::security::tls::build_tls_configs); the
     /// leaf must carry the identity it was issued for.
     pub fn to_workload_cert(&self) -> Result<WorkloadCert, TlsError> {
         let cert = WorkloadCert::from_pem(&self.key_pem, &self.chain_pem.concat(), &self.root_pem)?;
@@ -981,7 +981,7 @@ mod tests {
         assert_eq!(issued.chain_pem.len(), 1, "a root CA adds no intermediates");
         assert_eq!(issued.root_pem, ca.roots_pem());
 
-        let der = crate::pki::parse_certs(issued.leaf_pem(), "leaf").unwrap();
+        let der = crate::security::pki::parse_certs(issued.leaf_pem(), "leaf").unwrap();
         let (_, leaf) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
         let san = leaf.subject_alternative_name().unwrap().unwrap();
         assert!(san.critical, "SAN is critical with an empty subject");
@@ -1028,7 +1028,7 @@ mod tests {
         // Fresh key and serial every time.
         let other = ca.issue(&who, DEFAULT_CERT_VALIDITY).unwrap();
         assert_ne!(other.key_pem, issued.key_pem);
-        let other_der = crate::pki::parse_certs(other.leaf_pem(), "leaf").unwrap();
+        let other_der = crate::security::pki::parse_certs(other.leaf_pem(), "leaf").unwrap();
         let (_, other_leaf) = x509_parser::parse_x509_certificate(&other_der[0]).unwrap();
         assert_ne!(other_leaf.raw_serial(), leaf.raw_serial());
         assert!(leaf.raw_serial().len() >= 16);
@@ -1330,7 +1330,7 @@ mod tests {
             read(ISSUED_ROOT_FILE),
             fs::read_to_string(ca_dir.join(ROOT_CERT_FILE)).unwrap()
         );
-        let cert = crate::tls::WorkloadCert::from_pem(
+        let cert = crate::security::tls::WorkloadCert::from_pem(
             &read(ISSUED_KEY_FILE),
             &read(ISSUED_CHAIN_FILE),
             &read(ISSUED_ROOT_FILE),
@@ -1409,7 +1409,7 @@ mod tests {
         assert_eq!(chain.len(), 2, "leaf and root");
         assert_eq!(chain[1], ca.roots_pem());
 
-        let der = crate::pki::parse_certs(&chain[0], "leaf").unwrap();
+        let der = crate::security::pki::parse_certs(&chain[0], "leaf").unwrap();
         let (_, leaf) = x509_parser::parse_x509_certificate(&der[0]).unwrap();
         assert!(!leaf.is_ca());
         assert_eq!(leaf.subject().iter().count(), 0);
@@ -1417,7 +1417,10 @@ mod tests {
             leaf.public_key().subject_public_key.data.as_ref(),
             key.public_key_raw()
         );
-        assert_eq!(crate::tls::peer_identity(&der).unwrap(), id("a", "b"));
+        assert_eq!(
+            crate::security::tls::peer_identity(&der).unwrap(),
+            id("a", "b")
+        );
         let (_, not_after) = validity_of(&leaf);
         let left = not_after.duration_since(SystemTime::now()).unwrap();
         assert!(
@@ -1436,8 +1439,11 @@ mod tests {
 
         // An identity given by the caller wins over the request's SAN.
         let chain = ca.sign_csr(&csr, Some(&id("x", "y")), validity).unwrap();
-        let der = crate::pki::parse_certs(&chain[0], "leaf").unwrap();
-        assert_eq!(crate::tls::peer_identity(&der).unwrap(), id("x", "y"));
+        let der = crate::security::pki::parse_certs(&chain[0], "leaf").unwrap();
+        assert_eq!(
+            crate::security::tls::peer_identity(&der).unwrap(),
+            id("x", "y")
+        );
         let err = ca
             .sign_csr(&csr, Some(&Identity::new("other.td", "x", "y")), validity)
             .unwrap_err();

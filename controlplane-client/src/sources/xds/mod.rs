@@ -6,6 +6,10 @@
 //!   publishes one [`Snapshot`](crate::Snapshot) per response, plus the
 //!   on-demand lookup helper the cores use.
 //!
+//! Uses the [`model`](crate::model), [`publish`](crate::publish), the shared
+//! backoff helper and, for the channel's TLS roots,
+//! [`security::pki`](crate::security::pki).
+//!
 //! Wire summary (Delta ADS, `DeltaAggregatedResources`):
 //!
 //! | | Address | Authorization |
@@ -18,8 +22,8 @@
 //! Typical wiring on the control thread:
 //!
 //! ```no_run
-//! # async fn wiring() -> Result<(), ringway_controlplane::xds::XdsError> {
-//! use ringway_controlplane::xds::{self, NodeInfo, XdsConfig, XdsStatus};
+//! # async fn wiring() -> Result<(), ringway_controlplane::sources::xds::XdsError> {
+//! use ringway_controlplane::sources::xds::{self, NodeInfo, XdsConfig, XdsStatus};
 //! use ringway_controlplane::SnapshotPublisher;
 //!
 //! let publisher = SnapshotPublisher::new();

@@ -46,10 +46,10 @@ use rustls::server::ParsedCertificate;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
-use crate::certmanager::{CertFetchError, CertSource};
-use crate::identity::{Identity, IdentityError};
-use crate::pki::{self, der_to_pem};
-use crate::tls::{self, TlsError, WorkloadCert};
+use crate::model::identity::{Identity, IdentityError};
+use crate::security::certmanager::{CertFetchError, CertSource};
+use crate::security::pki::{self, der_to_pem};
+use crate::security::tls::{self, TlsError, WorkloadCert};
 
 /// Istio's default `SECRET_TTL`: the lifetime asked for.
 pub const DEFAULT_VALIDITY: Duration = Duration::from_secs(24 * 60 * 60);

@@ -5,6 +5,8 @@
 //! unknown fields rejected) and whose leaf types parse and range-check values
 //! inside serde, so a bad value is reported with its field path and line.
 //! Cross-item rules (uniqueness, address clashes) are [`Snapshot::new`]'s.
+//!
+//! Uses only the [`model`](crate::model) and [`publish`](crate::publish).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,6 +18,7 @@ use std::time::Duration;
 use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visitor};
 use serde::Deserialize;
 
+use crate::model::snapshot::{Snapshot, SnapshotError};
 use crate::model::{
     is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
@@ -25,11 +28,10 @@ use crate::model::{
     DEFAULT_TRUST_DOMAIN,
 };
 use crate::publish::SnapshotPublisher;
-use crate::snapshot::{Snapshot, SnapshotError};
 
 /// `examples/local.yaml`, a documented loopback config for a developer
 /// machine; built in so the binary can run with no config file at all.
-pub const EXAMPLE_CONFIG: &str = include_str!("../../examples/local.yaml");
+pub const EXAMPLE_CONFIG: &str = include_str!("../../../../examples/local.yaml");
 
 /// A config that can't be used. `Display` gives the whole story on one line,
 /// starting with the origin (usually the file path).

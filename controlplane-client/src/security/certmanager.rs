@@ -44,11 +44,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::backoff::jitter;
-use crate::ca::{BuiltinCa, CaError};
-use crate::certs::{refresh_at, wanted_identities, CertFeed, CertPublisher, CertSnapshot};
-use crate::identity::Identity;
+use crate::model::identity::Identity;
 use crate::publish::SnapshotFeed;
-use crate::tls::{build_tls_configs, TlsConfigs, WorkloadCert};
+use crate::security::ca::{BuiltinCa, CaError};
+use crate::security::certs::{
+    refresh_at, wanted_identities, CertFeed, CertPublisher, CertSnapshot,
+};
+use crate::security::tls::{build_tls_configs, TlsConfigs, WorkloadCert};
 
 /// Where certificates come from.
 pub trait CertSource: Send + Sync + 'static {
@@ -140,7 +142,7 @@ impl CertSource for BuiltinCaSource {
 /// The built-in certificate manager: a [`CertManager`] over the built-in CA
 /// ([`BuiltinCaSource`], `validity` long) prefetching the identities of the
 /// workloads on `node` (all workloads when `None`). Certificates already in
-/// `certs` (e.g. from [`issue_all`](crate::certs::issue_all)) are adopted; identities that leave the
+/// `certs` (e.g. from [`issue_all`](crate::security::certs::issue_all)) are adopted; identities that leave the
 /// node are dropped; each is re-issued at half its lifetime; failures back
 /// off while a still-valid certificate is kept. Returns when the workload
 /// feed closes. Cores have no way to ask this one for certificates; build
@@ -775,9 +777,9 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::certs::issue_all;
-    use crate::certs::tests::{snapshot, workload, TD};
     use crate::publish::SnapshotPublisher;
+    use crate::security::certs::issue_all;
+    use crate::security::certs::tests::{snapshot, workload, TD};
 
     fn id(sa: &str) -> Identity {
         Identity::new("cluster.local", "ns", sa)

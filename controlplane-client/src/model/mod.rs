@@ -1,6 +1,7 @@
 //! The mesh as plain values, with no I/O: workloads, services and
-//! authorization policies (this module), workload identities ([`identity`])
-//! and the immutable, indexed [`snapshot`] of them that cores read.
+//! authorization policies (this module), workload identities ([`identity`]),
+//! the immutable, indexed [`snapshot`] of them that cores read, and the
+//! authorization decision over them ([`authz`]).
 //!
 //! These are plain owned values with no serde or protobuf attached, so every
 //! source (local YAML, xDS) converts into the same types. They are built on
@@ -10,6 +11,7 @@
 //!
 //! Nothing in `model/` imports anything outside `model/`.
 
+pub mod authz;
 pub mod identity;
 pub mod snapshot;
 

@@ -169,7 +169,7 @@ fn describe(v: &Verdict<'_>) -> String {
     match v {
         Verdict::AllowedNoPolicies => "allow".into(),
         Verdict::AllowedBy(p) => format!("allow {}", p.key()),
-        Verdict::DeniedBy(p) | Verdict::DeniedBroken(p) => format!("deny {}", p.key()),
+        Verdict::DeniedBy(p) | Verdict::DeniedUnreadable(p) => format!("deny {}", p.key()),
         Verdict::NotAllowed => "deny".into(),
     }
 }

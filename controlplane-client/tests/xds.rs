@@ -477,7 +477,7 @@ async fn initial_sync_of_both_types_makes_the_client_ready() {
     let snap = client.publisher.current();
     assert_eq!(snap.workloads().len(), 2);
     assert_eq!(snap.services().len(), 1);
-    assert_eq!(snap.policies().len(), 1);
+    assert_eq!(snap.policy_count(), 1);
     let a = snap.workload_by_addr("", ip("10.0.0.1")).unwrap();
     assert_eq!(a.uid, "cluster1//v1/Pod/default/a");
     assert_eq!(a.spiffe_id(), "spiffe://cluster.local/ns/default/sa/sa-a");
@@ -534,7 +534,7 @@ async fn file_edits_reach_the_client_as_deltas() {
     replace_file(&path, MESH_EDITED);
     eventually("the edit arrived", || {
         let s = client.publisher.current();
-        s.workload_by_uid("cluster1//v1/Pod/default/c").is_some() && s.policies().len() == 0
+        s.workload_by_uid("cluster1//v1/Pod/default/c").is_some() && s.policy_count() == 0
     })
     .await;
     let snap = client.publisher.current();
@@ -710,7 +710,7 @@ async fn server_restart_keeps_the_snapshot_and_resumes() {
         let s = client.publisher.current();
         s.workload_by_uid("cluster1//v1/Pod/default/c").is_some()
             && s.workload_by_uid("cluster1//v1/Pod/default/b").is_none()
-            && s.policies().len() == 0
+            && s.policy_count() == 0
     })
     .await;
     assert!(client.status.is_connected());
@@ -738,7 +738,7 @@ async fn on_demand_lookup_resolves_through_aliases() {
     let client = TestClient::start(cfg, Some(rx));
     client.ready().await; // Authorization alone makes an on-demand client ready
     assert_eq!(client.publisher.current().workloads().len(), 0);
-    assert_eq!(client.publisher.current().policies().len(), 1);
+    assert_eq!(client.publisher.current().policy_count(), 1);
 
     fn lookup_from_thread(
         feed: ringway_controlplane::SnapshotFeed,

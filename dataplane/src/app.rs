@@ -249,7 +249,7 @@ fn config_source(
     tracing::info!(
         workloads = snap.workloads().count(),
         services = snap.services().count(),
-        policies = snap.policies().count(),
+        policies = snap.policy_count(),
         "config loaded"
     );
     Ok((

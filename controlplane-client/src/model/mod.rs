@@ -302,7 +302,7 @@ pub enum LbHealthPolicy {
 }
 
 /// An authorization policy as ztunnel receives it (already flattened by
-/// istiod). Key: "ns/name". Evaluation lives elsewhere.
+/// istiod). Key: "ns/name". Evaluated by [`authz`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     pub name: String,
@@ -316,6 +316,31 @@ pub struct Policy {
 
 impl Policy {
     /// The primary key, "ns/name" (the xDS resource name).
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An authorization resource a config source could not turn into a
+/// [`Policy`] (say a CIDR longer than its address family): its key, what
+/// could still be read of it, and why not the rest. A snapshot keeps it so
+/// that it denies wherever it applies until a readable version arrives: an
+/// unreadable policy must never widen access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadablePolicy {
+    pub namespace: String,
+    pub name: String,
+    /// None when not even the scope could be read: the policy is then
+    /// applied to its whole namespace.
+    pub scope: Option<PolicyScope>,
+    /// A dry-run policy only ever reported; unreadable, it still only
+    /// reports.
+    pub dry_run: bool,
+    pub error: String,
+}
+
+impl UnreadablePolicy {
+    /// "ns/name", like [`Policy::key`].
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use crate::model::identity::Identity;
 use crate::model::{
     Cidr, Match, Policy, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch,
+    UnreadablePolicy,
 };
 
 /// One policy, ready to evaluate. Built by [`CompiledPolicy::compile`] from a
-/// valid [`Policy`], or by [`CompiledPolicy::broken`] for one the config
+/// valid [`Policy`], or by [`CompiledPolicy::unreadable`] for one the config
 /// source could not read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledPolicy {
@@ -35,7 +36,7 @@ enum Body {
     /// matches every connection and always denies, whatever action it
     /// declared: an unreadable ALLOW must not allow, and an unreadable DENY
     /// must not stop denying.
-    Broken(Box<str>),
+    Unreadable(Box<str>),
 }
 
 /// All clauses must hold.
@@ -362,24 +363,17 @@ impl CompiledPolicy {
         }
     }
 
-    /// A policy the config source could not read, known by its key
-    /// ("ns/name") and whatever of its header could still be decoded
-    /// (`scope`: None = unknown, indexed under its namespace). It denies
-    /// every connection it is evaluated for, unless it was a dry run.
-    pub fn broken(
-        key: &str,
-        scope: Option<PolicyScope>,
-        dry_run: bool,
-        error: &str,
-    ) -> CompiledPolicy {
-        let namespace_len = key.find('/').unwrap_or(key.len());
+    /// A policy the config source could not read. It denies every
+    /// connection it is evaluated for (unless it was a dry run), and is
+    /// indexed under its namespace when its scope is unknown.
+    pub fn unreadable(p: &UnreadablePolicy) -> CompiledPolicy {
         CompiledPolicy {
-            key: Arc::from(key),
-            namespace_len,
-            scope: scope.unwrap_or(PolicyScope::Namespace),
+            key: Arc::from(p.key()),
+            namespace_len: p.namespace.len(),
+            scope: p.scope.unwrap_or(PolicyScope::Namespace),
             action: PolicyAction::Deny,
-            dry_run,
-            body: Body::Broken(error.into()),
+            dry_run: p.dry_run,
+            body: Body::Unreadable(p.error.as_str().into()),
         }
     }
 
@@ -396,7 +390,7 @@ impl CompiledPolicy {
         self.scope
     }
 
-    /// Deny for a broken policy, whatever it declared.
+    /// Deny for an unreadable policy, whatever it declared.
     pub fn action(&self) -> PolicyAction {
         self.action
     }
@@ -406,9 +400,9 @@ impl CompiledPolicy {
     }
 
     /// Why the config source could not read it, if it could not.
-    pub fn broken_reason(&self) -> Option<&str> {
+    pub fn unreadable_reason(&self) -> Option<&str> {
         match &self.body {
-            Body::Broken(why) => Some(why),
+            Body::Unreadable(why) => Some(why),
             Body::Rules(_) => None,
         }
     }
@@ -427,7 +421,7 @@ impl CompiledPolicy {
     #[inline]
     pub(super) fn matches(&self, f: &Facts<'_>) -> bool {
         match &self.body {
-            Body::Broken(_) => true,
+            Body::Unreadable(_) => true,
             Body::Rules(rules) => rules.iter().any(|rule| {
                 rule.clauses.iter().all(|clause| match clause {
                     Clause::Always => true,

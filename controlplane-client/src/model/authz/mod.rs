@@ -130,7 +130,7 @@ pub enum Verdict<'s> {
     DeniedBy(&'s CompiledPolicy),
     /// This policy could not be read by the config source; it denies
     /// until a good version arrives.
-    DeniedBroken(&'s CompiledPolicy),
+    DeniedUnreadable(&'s CompiledPolicy),
     /// ALLOW policies apply and none matched.
     NotAllowed,
 }
@@ -143,7 +143,7 @@ impl Verdict<'_> {
     /// The deciding policy's key, if one decided.
     pub fn policy(&self) -> Option<&str> {
         match self {
-            Verdict::AllowedBy(p) | Verdict::DeniedBy(p) | Verdict::DeniedBroken(p) => {
+            Verdict::AllowedBy(p) | Verdict::DeniedBy(p) | Verdict::DeniedUnreadable(p) => {
                 Some(p.key())
             }
             Verdict::AllowedNoPolicies | Verdict::NotAllowed => None,
@@ -159,11 +159,11 @@ impl fmt::Display for Verdict<'_> {
             Verdict::AllowedNoPolicies => f.write_str("no allow policies, allowed"),
             Verdict::AllowedBy(p) => write!(f, "allowed by {}", p.key()),
             Verdict::DeniedBy(p) => write!(f, "explicitly denied by {}", p.key()),
-            Verdict::DeniedBroken(p) => write!(
+            Verdict::DeniedUnreadable(p) => write!(
                 f,
                 "denied: policy {} could not be read ({}); denying until a good version arrives",
                 p.key(),
-                p.broken_reason().unwrap_or("unknown error")
+                p.unreadable_reason().unwrap_or("unknown error")
             ),
             Verdict::NotAllowed => f.write_str("allow policies exist, but none allowed"),
         }
@@ -213,8 +213,8 @@ pub fn authorize<'s>(
                 dry_run(DryRun::DenyMatch(p));
             }
         } else if denied.is_none() && p.matches(&facts) {
-            denied = Some(if p.broken_reason().is_some() {
-                Verdict::DeniedBroken(p)
+            denied = Some(if p.unreadable_reason().is_some() {
+                Verdict::DeniedUnreadable(p)
             } else {
                 Verdict::DeniedBy(p)
             });

@@ -9,6 +9,7 @@ use super::reference::{self, RefDryRun, RefVerdict};
 use super::*;
 use crate::model::{
     Cidr, Clause, Match, Policy, PolicyAction, PolicyScope, Rule, ServiceAccountMatch, StringMatch,
+    UnreadablePolicy,
 };
 
 const ALICE: &str = "spiffe://cluster.local/ns/a/sa/alice";
@@ -118,7 +119,7 @@ fn describe(v: &Verdict<'_>) -> String {
     match v {
         Verdict::AllowedNoPolicies => "allow (no allow policies)".into(),
         Verdict::AllowedBy(p) => format!("allow by {}", p.key()),
-        Verdict::DeniedBy(p) | Verdict::DeniedBroken(p) => format!("deny by {}", p.key()),
+        Verdict::DeniedBy(p) | Verdict::DeniedUnreadable(p) => format!("deny by {}", p.key()),
         Verdict::NotAllowed => "deny (none allowed)".into(),
     }
 }
@@ -952,7 +953,7 @@ fn mapped_ipv4_is_ipv4() {
 }
 
 #[test]
-fn broken_policies_deny_and_never_widen() {
+fn unreadable_policies_deny_and_never_widen() {
     let ok = Arc::new(CompiledPolicy::compile(&allow(
         "open",
         vec![Match {
@@ -960,18 +961,22 @@ fn broken_policies_deny_and_never_widen() {
             ..Match::default()
         }],
     )));
-    let broken = Arc::new(CompiledPolicy::broken(
-        "ns/bad",
-        Some(PolicyScope::Namespace),
+    let unreadable = |name: &str, scope, dry_run, error: &str| {
+        Arc::new(CompiledPolicy::unreadable(&UnreadablePolicy {
+            namespace: "ns".into(),
+            name: name.into(),
+            scope,
+            dry_run,
+            error: error.into(),
+        }))
+    };
+    let broken = unreadable(
+        "bad",
+        Some(PolicyScope::Global),
         false,
         "rules[0].clauses[0].matches[0]: source_ips[0]: prefix length 40 exceeds 32",
-    ));
-    let broken_dry = Arc::new(CompiledPolicy::broken(
-        "ns/bad-dry",
-        None,
-        true,
-        "undecodable",
-    ));
+    );
+    let broken_dry = unreadable("bad-dry", None, true, "undecodable");
     let conn = Conn {
         src: "10.0.1.5".parse().unwrap(),
         dst: "10.0.2.7:8080".parse().unwrap(),
@@ -991,14 +996,14 @@ fn broken_policies_deny_and_never_widen() {
     let (why, allowed, _) = decide(&[ok.clone(), broken.clone()]);
     assert!(
         !allowed,
-        "a broken policy must deny even next to an allow that matches"
+        "an unreadable policy must deny even next to an allow that matches"
     );
     assert!(
         why.starts_with("denied: policy ns/bad could not be read (rules[0]"),
         "{why}"
     );
     assert_eq!(broken.action(), PolicyAction::Deny);
-    assert_eq!(broken.index_namespace(), Some("ns"));
+    assert_eq!(broken.index_namespace(), Some(""), "global");
     // Dry run: reported, not enforced; unknown scope indexes by namespace.
     let (_, allowed, reports) = decide(&[ok.clone(), broken_dry.clone()]);
     assert!(allowed);

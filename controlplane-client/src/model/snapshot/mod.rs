@@ -13,6 +13,7 @@
 //!
 //! Part of the model: it uses nothing outside `model/`.
 
+mod policies;
 mod table;
 
 use std::collections::HashMap;
@@ -21,7 +22,9 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{NetworkMode, Policy, Service, Workload};
+use crate::model::authz::CompiledPolicy;
+use crate::model::{NetworkMode, Policy, Service, UnreadablePolicy, Workload};
+use policies::PolicyEntry;
 use table::{Hasher, Keyed, Table};
 
 /// Why a resource can't be part of a snapshot.
@@ -115,6 +118,9 @@ pub struct SnapshotDelta {
     pub upsert_workloads: Vec<Workload>,
     pub upsert_services: Vec<Service>,
     pub upsert_policies: Vec<Policy>,
+    /// Policies the source could not read: kept so that they deny where
+    /// they apply (numbered after `upsert_policies` in errors).
+    pub upsert_unreadable_policies: Vec<UnreadablePolicy>,
     /// By uid.
     pub remove_workloads: Vec<String>,
     /// By "ns/hostname".
@@ -150,7 +156,7 @@ pub struct Snapshot {
     // Primary stores, by xDS resource name.
     workloads: Table<Arc<Workload>>,
     services: Table<Named<Arc<Service>>>,
-    policies: Table<Named<Arc<Policy>>>,
+    policies: Table<Named<PolicyEntry>>,
     // Derived indexes.
     /// Network → ip → workload. Nested so that the per-IP probe compares
     /// inline IPs only, never a string behind a pointer.
@@ -162,6 +168,12 @@ pub struct Snapshot {
     /// Service key → workloads naming it (never empty), sorted by uid. Keys
     /// need not be known services: a workload may arrive before its service.
     endpoints: Table<Named<Arc<[Arc<Workload>]>>>,
+    /// Namespace ("" for GLOBAL scope) → the policies that apply to every
+    /// workload in it (never empty), sorted by key. WORKLOAD_SELECTOR
+    /// policies are found by name only.
+    policies_by_namespace: Table<Named<Arc<[Arc<CompiledPolicy>]>>>,
+    /// See [`Snapshot::policy_epoch`].
+    policy_epoch: u64,
 }
 
 impl Snapshot {
@@ -269,11 +281,6 @@ impl Snapshot {
         find_named(&self.services_by_hostname, hostname).map_or(&[], |list| &list[..])
     }
 
-    /// By "ns/name".
-    pub fn policy(&self, key: &str) -> Option<&Arc<Policy>> {
-        find_named(&self.policies, key)
-    }
-
     /// Workloads whose `services` map names `service_key` ("ns/hostname"),
     /// healthy or not, sorted by uid. Health filtering is the caller's, as
     /// it depends on the service's load-balancer health policy.
@@ -290,11 +297,6 @@ impl Snapshot {
     /// In no particular order.
     pub fn services(&self) -> impl ExactSizeIterator<Item = &Arc<Service>> + '_ {
         self.services.iter().map(|e| &e.value)
-    }
-
-    /// In no particular order.
-    pub fn policies(&self) -> impl ExactSizeIterator<Item = &Arc<Policy>> + '_ {
-        self.policies.iter().map(|e| &e.value)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -469,6 +471,7 @@ fn apply(
         upsert_workloads,
         upsert_services,
         upsert_policies,
+        upsert_unreadable_policies,
         remove_workloads,
         remove_services,
         remove_policies,
@@ -594,9 +597,18 @@ fn apply(
         }
     }
 
-    let keys: Vec<String> = upsert_policies.iter().map(Policy::key).collect();
-    let mut pol_first = PosMap::with_capacity_and_hasher(keys.len(), Hasher::default());
-    for (i, (key, policy)) in keys.iter().zip(upsert_policies).enumerate() {
+    // Readable policies, then unreadable ones, numbered in that order.
+    let entries: Vec<(String, PolicyEntry)> = upsert_policies
+        .into_iter()
+        .map(|p| (p.key(), PolicyEntry::readable(p)))
+        .chain(
+            upsert_unreadable_policies
+                .iter()
+                .map(|p| (p.key(), PolicyEntry::unreadable(p))),
+        )
+        .collect();
+    let mut pol_first = PosMap::with_capacity_and_hasher(entries.len(), Hasher::default());
+    for (i, (key, entry)) in entries.iter().enumerate() {
         if let Some(&first) = pol_first.get(key.as_str()) {
             let error = SnapshotError::DuplicatePolicyKey {
                 key: key.clone(),
@@ -612,10 +624,7 @@ fn apply(
             continue;
         }
         pol_first.insert(key, i);
-        b.next.policies.insert(Named {
-            key: Arc::from(key.as_str()),
-            value: Arc::new(policy),
-        });
+        b.put_policy(Arc::from(key.as_str()), entry.clone());
     }
 
     b.finish()
@@ -629,6 +638,11 @@ struct Builder {
     changed_workloads: Vec<Arc<Workload>>,
     /// Same for services and their hostname lists.
     changed_services: Vec<Arc<Service>>,
+    /// Same for policies and their namespace lists.
+    changed_policies: Vec<Arc<CompiledPolicy>>,
+    /// A policy was added, replaced or removed: the snapshot takes a new
+    /// policy epoch.
+    policies_changed: bool,
 }
 
 impl Builder {
@@ -639,6 +653,8 @@ impl Builder {
             next,
             changed_workloads: Vec::new(),
             changed_services: Vec::new(),
+            changed_policies: Vec::new(),
+            policies_changed: false,
         }
     }
 
@@ -828,13 +844,10 @@ impl Builder {
         self.changed_services.push(old);
     }
 
-    fn remove_policy(&mut self, key: &str) {
-        let t = &mut self.next.policies;
-        t.remove(t.hash(key), |e| &*e.key == key);
-    }
-
-    /// Rebuilds the endpoint and hostname lists the changes touched.
+    /// Rebuilds the endpoint, hostname and policy lists the changes
+    /// touched.
     fn finish(mut self) -> Snapshot {
+        self.reindex_policies();
         // Service key → uids whose membership may have changed.
         let mut touched: HashMap<&str, Vec<&str>, Hasher> = HashMap::default();
         for w in &self.changed_workloads {

@@ -214,7 +214,7 @@ fn lookups_by_name() {
     assert!(s.policy("allow-web").is_none());
     assert_eq!(s.workloads().len(), 4);
     assert_eq!(s.services().len(), 3);
-    assert_eq!(s.policies().len(), 2);
+    assert_eq!(s.policy_count(), 2);
 }
 
 #[test]
@@ -476,7 +476,7 @@ fn delta_updates_services_and_policies() {
     assert_eq!(s.services().len(), 3);
     assert!(s.policy("other/allow-web").is_none());
     assert!(s.policy("third/p").is_some());
-    assert_eq!(s.policies().len(), 2);
+    assert_eq!(s.policy_count(), 2);
     // Endpoints don't depend on the service object.
     assert_eq!(uids(s.endpoints("default/web.local")), ["a", "b"]);
     assert_eq!(
@@ -719,6 +719,7 @@ fn a_name_removed_and_upserted_in_one_delta_ends_up_upserted() {
         remove_workloads: vec!["b".into()],
         remove_services: vec!["default/db.local".into()],
         remove_policies: vec!["default/allow-web".into()],
+        ..SnapshotDelta::default()
     });
     assert!(out.rejected.is_empty());
     let s = out.snapshot;
@@ -895,6 +896,15 @@ fn assert_same_lookups(a: &Snapshot, b: &Snapshot) {
         for p in s.policies() {
             assert_eq!(other.policy(&p.key()), Some(p));
         }
+        // Each namespace's (and the global) policy list, in order.
+        for ns in NAMESPACES.iter().chain(&[""]) {
+            let keys = |s: &Snapshot| -> Vec<String> {
+                find_named(&s.policies_by_namespace, ns)
+                    .map(|l| l.iter().map(|p| p.key().to_owned()).collect())
+                    .unwrap_or_default()
+            };
+            assert_eq!(keys(s), keys(other), "policies of namespace {ns:?}");
+        }
     }
     // Sizes agree, so nothing is indexed that shouldn't be.
     fn entries<T>(index: &ByNetwork<T>) -> Vec<(String, usize)> {
@@ -910,6 +920,7 @@ fn assert_same_lookups(a: &Snapshot, b: &Snapshot) {
     assert_eq!(entries(&a.services_by_vip), entries(&b.services_by_vip));
     assert_eq!(a.endpoints.len(), b.endpoints.len());
     assert_eq!(a.services_by_hostname.len(), b.services_by_hostname.len());
+    assert_eq!(a.policies_by_namespace.len(), b.policies_by_namespace.len());
 }
 
 /// xorshift64*, so the test needs no rand crate and replays exactly.
@@ -975,6 +986,11 @@ fn random_delta(rng: &mut Rng, current: &Snapshot) -> SnapshotDelta {
     for _ in 0..rng.below(2) {
         let mut p = policy(NAMESPACES[rng.below(3)], &format!("p{}", rng.below(4)));
         p.dry_run = rng.chance(50);
+        p.scope = [
+            PolicyScope::Namespace,
+            PolicyScope::Global,
+            PolicyScope::WorkloadSelector,
+        ][rng.below(3)];
         d.upsert_policies.push(p);
     }
     // Remove mostly things that exist.
@@ -1108,4 +1124,207 @@ fn random_deltas_match_a_fresh_build() {
         "{total_applied} applied"
     );
     eprintln!("{total_applied} upserts, {total_rejected} rejected");
+}
+
+// ---------------------------------------------------------------------------
+// Authorization policies: selection by scope and name, epochs, unreadable
+// policies
+// ---------------------------------------------------------------------------
+
+mod authz {
+    use super::*;
+    use crate::model::authz::{Conn, Verdict};
+    use crate::model::{Match, Rule, UnreadablePolicy};
+
+    /// A DENY policy that matches every connection to port 9000.
+    fn deny_9000(ns: &str, name: &str, scope: PolicyScope) -> Policy {
+        Policy {
+            scope,
+            action: PolicyAction::Deny,
+            rules: vec![Rule {
+                clauses: vec![crate::model::Clause {
+                    matches: vec![Match {
+                        destination_ports: vec![9000],
+                        ..Match::default()
+                    }],
+                }],
+            }],
+            ..policy(ns, name)
+        }
+    }
+
+    fn in_ns(uid: &str, ns: &str, addr: &str, named: &[&str]) -> Workload {
+        Workload {
+            namespace: ns.into(),
+            authorization_policies: named.iter().map(|s| s.to_string()).collect(),
+            ..workload(uid, "", &[addr], &[])
+        }
+    }
+
+    /// The verdict for a plaintext connection to `uid` port 9000.
+    fn decide(s: &Snapshot, uid: &str) -> String {
+        let w = s.workload_by_uid(uid).unwrap();
+        let conn = Conn {
+            src: ip("192.0.2.1"),
+            dst: SocketAddr::new(w.addresses[0], 9000),
+            peer: None,
+        };
+        s.authorize(w, &conn, &mut |_| {}).to_string()
+    }
+
+    fn mesh() -> Snapshot {
+        Snapshot::new(
+            vec![
+                in_ns("shop-1", "shop", "10.1.0.1", &[]),
+                in_ns(
+                    "shop-2",
+                    "shop",
+                    "10.1.0.2",
+                    &["shop/selected", "shop/nowhere"],
+                ),
+                in_ns("ops-1", "ops", "10.1.0.3", &[]),
+            ],
+            vec![],
+            vec![
+                deny_9000("shop", "ns-wide", PolicyScope::Namespace),
+                deny_9000("shop", "selected", PolicyScope::WorkloadSelector),
+            ],
+        )
+        .unwrap()
+    }
+
+    use std::net::SocketAddr;
+
+    #[test]
+    fn policies_apply_by_scope_and_by_name() {
+        let s = mesh();
+        assert_eq!(decide(&s, "shop-1"), "explicitly denied by shop/ns-wide");
+        assert_eq!(decide(&s, "ops-1"), "no allow policies, allowed");
+        // The namespace-wide policy is looked at before the named one.
+        assert_eq!(decide(&s, "shop-2"), "explicitly denied by shop/ns-wide");
+        let s = s
+            .apply(SnapshotDelta {
+                remove_policies: vec!["shop/ns-wide".into()],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(decide(&s, "shop-1"), "no allow policies, allowed");
+        assert_eq!(decide(&s, "shop-2"), "explicitly denied by shop/selected");
+        assert_eq!(
+            s.missing_policies(s.workload_by_uid("shop-2").unwrap())
+                .collect::<Vec<_>>(),
+            ["shop/nowhere"]
+        );
+        // A global policy (istiod puts them in its root namespace) applies
+        // everywhere.
+        let s = s
+            .apply(SnapshotDelta {
+                upsert_policies: vec![deny_9000("istio-system", "mesh", PolicyScope::Global)],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(
+            decide(&s, "ops-1"),
+            "explicitly denied by istio-system/mesh"
+        );
+        assert_eq!(
+            decide(&s, "shop-1"),
+            "explicitly denied by istio-system/mesh"
+        );
+        // Changing a policy's scope moves it between the lists.
+        let s = s
+            .apply(SnapshotDelta {
+                upsert_policies: vec![deny_9000(
+                    "istio-system",
+                    "mesh",
+                    PolicyScope::WorkloadSelector,
+                )],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(decide(&s, "ops-1"), "no allow policies, allowed");
+        assert_snapshot_consistent(&s);
+    }
+
+    #[test]
+    fn policy_epoch_moves_with_policies_only() {
+        let empty = Snapshot::empty();
+        assert_eq!(empty.policy_epoch(), 0);
+        let s = mesh();
+        let e0 = s.policy_epoch();
+        assert_ne!(e0, 0);
+        let s2 = s
+            .apply(SnapshotDelta {
+                upsert_workloads: vec![in_ns("shop-3", "shop", "10.1.0.9", &[])],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(s2.policy_epoch(), e0, "a workload change keeps the epoch");
+        let s3 = s2
+            .apply(SnapshotDelta {
+                remove_policies: vec!["shop/selected".into()],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_ne!(s3.policy_epoch(), e0);
+        // Removing something absent changes nothing.
+        let s4 = s3
+            .apply(SnapshotDelta {
+                remove_policies: vec!["shop/absent".into()],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(s4.policy_epoch(), s3.policy_epoch());
+        // Two snapshots built from scratch never share an epoch.
+        assert_ne!(mesh().policy_epoch(), mesh().policy_epoch());
+    }
+
+    #[test]
+    fn an_unreadable_policy_denies_until_a_readable_version_arrives() {
+        let s = mesh()
+            .apply(SnapshotDelta {
+                remove_policies: vec!["shop/ns-wide".into(), "shop/selected".into()],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(decide(&s, "shop-1"), "no allow policies, allowed");
+        let bad = UnreadablePolicy {
+            namespace: "shop".into(),
+            name: "allow-some".into(),
+            scope: Some(PolicyScope::Namespace),
+            dry_run: false,
+            error: "rules[0]...: prefix length 40 exceeds 32".into(),
+        };
+        let s = s
+            .apply(SnapshotDelta {
+                upsert_unreadable_policies: vec![bad],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        let w = s.workload_by_uid("shop-1").unwrap();
+        let conn = Conn {
+            src: ip("192.0.2.1"),
+            dst: SocketAddr::new(w.addresses[0], 80),
+            peer: None,
+        };
+        let v = s.authorize(w, &conn, &mut |_| {});
+        assert!(matches!(v, Verdict::DeniedUnreadable(_)), "{v}");
+        assert!(v.to_string().contains("shop/allow-some could not be read"));
+        assert_eq!(decide(&s, "ops-1"), "no allow policies, allowed");
+        assert!(s.policy("shop/allow-some").is_none());
+        assert_eq!(s.unreadable_policies().count(), 1);
+        assert_eq!(s.policy_count(), 1);
+        // The readable version replaces it.
+        let s = s
+            .apply(SnapshotDelta {
+                upsert_policies: vec![policy("shop", "allow-some")],
+                ..SnapshotDelta::default()
+            })
+            .snapshot;
+        assert_eq!(s.unreadable_policies().count(), 0);
+        assert_eq!(
+            decide(&s, "shop-1"),
+            "allow policies exist, but none allowed"
+        );
+    }
 }

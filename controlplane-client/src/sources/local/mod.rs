@@ -288,7 +288,7 @@ impl FileWatcher {
                 let (workloads, services, policies) = (
                     snapshot.workloads().len(),
                     snapshot.services().len(),
-                    snapshot.policies().len(),
+                    snapshot.policy_count(),
                 );
                 let version = self.publisher.publish(snapshot);
                 tracing::info!(

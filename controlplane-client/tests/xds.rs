@@ -1081,6 +1081,105 @@ async fn nack_names_bad_resources_and_good_ones_still_apply() {
     server.stop();
 }
 
+/// A policy the client cannot read is NACKed by name, and kept so that it
+/// denies where it applies until a readable version arrives: it must never
+/// widen access (here, it replaces a readable version that denied less).
+#[tokio::test]
+async fn unreadable_policies_are_nacked_and_deny_until_replaced() {
+    use ringway_controlplane::model::authz::{Conn, Verdict};
+    let (server, mut conns) = start_scripted(loopback());
+    let client = TestClient::start(client_config(&server.url()), None);
+    let mut conn = next_conn(&mut conns).await;
+    conn.initial().await;
+    let reply = conn
+        .exchange(response(
+            ADDRESS_TYPE_URL,
+            "n1",
+            vec![wl_resource("web", "10.0.0.1", "1")],
+            &[],
+        ))
+        .await;
+    assert!(reply.error_detail.is_none());
+    let reply = conn
+        .exchange(response(
+            AUTHORIZATION_TYPE_URL,
+            "n2",
+            vec![policy_resource("allow-nothing", "1")],
+            &[],
+        ))
+        .await;
+    assert!(reply.error_detail.is_none());
+    client.ready().await;
+    let decide = |client: &TestClient| {
+        let snap = client.publisher.current();
+        let w = snap.workload_by_uid("web").unwrap().clone();
+        let conn = Conn {
+            src: ip("10.0.0.9"),
+            dst: SocketAddr::new(ip("10.0.0.1"), 8080),
+            peer: None,
+        };
+        let v = snap.authorize(&w, &conn, &mut |_| {});
+        (
+            v.allowed(),
+            matches!(v, Verdict::DeniedUnreadable(_)),
+            v.to_string(),
+        )
+    };
+    assert_eq!(decide(&client).2, "allow policies exist, but none allowed");
+
+    // Version 2 carries a source CIDR longer than IPv4 allows.
+    let mut bad = policy_resource("allow-nothing", "2");
+    let any = bad.resource.as_mut().unwrap();
+    let mut p = ringway_proto::security::Authorization::decode(any.value.as_slice()).unwrap();
+    p.rules = vec![ringway_proto::security::Rule {
+        clauses: vec![ringway_proto::security::Clause {
+            matches: vec![ringway_proto::security::Match {
+                source_ips: vec![ringway_proto::security::Address {
+                    address: bytes::Bytes::from_static(&[10, 0, 0, 0]),
+                    length: 40,
+                }],
+                ..Default::default()
+            }],
+        }],
+    }];
+    any.value = p.encode_to_vec();
+    let reply = conn
+        .exchange(response(AUTHORIZATION_TYPE_URL, "n3", vec![bad], &[]))
+        .await;
+    let nack = reply.error_detail.expect("a NACK").message;
+    assert!(
+        nack.starts_with("default/allow-nothing: rules[0].clauses[0].matches[0]: source_ips[0]"),
+        "{nack}"
+    );
+    eventually("the unreadable policy is in the snapshot", || {
+        client.publisher.current().unreadable_policies().count() == 1
+    })
+    .await;
+    let (allowed, unreadable, why) = decide(&client);
+    assert!(!allowed && unreadable, "{why}");
+    assert!(
+        why.contains("default/allow-nothing could not be read"),
+        "{why}"
+    );
+
+    // A readable version 3 takes over again.
+    let reply = conn
+        .exchange(response(
+            AUTHORIZATION_TYPE_URL,
+            "n4",
+            vec![policy_resource("allow-nothing", "3")],
+            &[],
+        ))
+        .await;
+    assert!(reply.error_detail.is_none());
+    eventually("the readable version replaces it", || {
+        client.publisher.current().unreadable_policies().count() == 0
+    })
+    .await;
+    assert_eq!(decide(&client).2, "allow policies exist, but none allowed");
+    server.stop();
+}
+
 #[tokio::test]
 async fn reconnect_presents_accepted_versions_only() {
     let (server, mut conns) = start_scripted(loopback());

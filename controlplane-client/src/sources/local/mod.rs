@@ -115,7 +115,10 @@ pub fn parse(text: &str, origin: &str) -> Result<Parsed, ConfigError> {
 /// against the YAML items.
 pub fn load_snapshot(text: &str, origin: &str) -> Result<Snapshot, ConfigError> {
     let (workloads, services, policies) = parse(text, origin)?;
-    Snapshot::new(workloads, services, policies).map_err(|e| snapshot_error(e, origin))
+    let snapshot =
+        Snapshot::new(workloads, services, policies).map_err(|e| snapshot_error(e, origin))?;
+    super::warn_missing_policies(&snapshot, snapshot.workloads().map(|w| &**w), origin);
+    Ok(snapshot)
 }
 
 fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {

@@ -38,8 +38,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
-use super::convert::{self, address_key, AddressResource};
+use super::convert::{self, address_key, AddressResource, ConvertError};
 use crate::model::snapshot::{Snapshot, SnapshotDelta};
+use crate::model::UnreadablePolicy;
 use crate::publish::{SnapshotFeed, SnapshotPublisher};
 
 /// Largest response accepted (as ztunnel: 200 MiB).
@@ -921,6 +922,7 @@ impl Client {
             .bytes
             .fetch_add(resp.encoded_len() as u64, Ordering::Relaxed);
 
+        let was_ready = status.is_ready();
         let errors = match resp.type_url.as_str() {
             ADDRESS_TYPE_URL => self.apply_addresses(&resp),
             AUTHORIZATION_TYPE_URL => self.apply_authorizations(&resp),
@@ -936,6 +938,24 @@ impl Client {
         }
         if self.state.seen_authorization && (self.state.seen_address || self.cfg.on_demand) {
             self.status.set_ready();
+        }
+        // Workloads naming policies that are not there. Not before both
+        // types have arrived once: addresses usually come first.
+        if status.is_ready() {
+            let snapshot = self.publisher.current();
+            if !was_ready {
+                crate::sources::warn_missing_policies(
+                    &snapshot,
+                    snapshot.workloads().map(|w| &**w),
+                    "xds",
+                );
+            } else if resp.type_url == ADDRESS_TYPE_URL {
+                let upserted = resp
+                    .resources
+                    .iter()
+                    .filter_map(|r| snapshot.workload_by_uid(&r.name));
+                crate::sources::warn_missing_policies(&snapshot, upserted.map(|w| &**w), "xds");
+            }
         }
 
         let error_detail = if errors.is_empty() {
@@ -1048,28 +1068,31 @@ impl Client {
         let mut delta = SnapshotDelta::default();
         let mut upserted: HashMap<String, String> = HashMap::new();
         let mut policies: BTreeMap<String, _> = BTreeMap::new();
+        // Refused resources are NACKed and still kept, unreadable, so that
+        // they deny where they apply: a policy ringway cannot read must
+        // never widen access (say an ALLOW that would have admitted less,
+        // or a DENY whose previous version denied less).
+        let mut unreadable: BTreeMap<String, UnreadablePolicy> = BTreeMap::new();
         for res in &resp.resources {
-            match convert::decode_authorization_resource(res) {
-                Ok(p) if p.key() != res.name => {
-                    errors.push((
-                        display_name(&res.name),
-                        format!(
-                            "resource name does not match its content (which is named {:?})",
-                            p.key()
-                        ),
-                    ));
-                    self.state.authorization_versions.remove(&res.name);
-                }
+            let error = match convert::decode_authorization_resource(res) {
+                Ok(p) if p.key() != res.name => ConvertError::new(format!(
+                    "resource name does not match its content (which is named {:?})",
+                    p.key()
+                )),
                 Ok(p) => {
+                    unreadable.remove(&res.name);
                     policies.insert(res.name.clone(), p);
                     upserted.insert(res.name.clone(), res.version.clone());
+                    continue;
                 }
-                Err(e) => {
-                    errors.push((display_name(&res.name), e.to_string()));
-                    self.state.authorization_versions.remove(&res.name);
-                    upserted.remove(&res.name);
-                    policies.remove(&res.name);
-                }
+                Err(e) => e,
+            };
+            errors.push((display_name(&res.name), error.to_string()));
+            self.state.authorization_versions.remove(&res.name);
+            upserted.remove(&res.name);
+            policies.remove(&res.name);
+            if let Some(u) = convert::unreadable_authorization(res, &error) {
+                unreadable.insert(res.name.clone(), u);
             }
         }
         let mut removals = 0usize;
@@ -1081,7 +1104,9 @@ impl Client {
             }
         }
         delta.upsert_policies = policies.into_values().collect();
-        let rejected = self.apply_delta(&current, delta, upserted.len(), removals, &mut errors);
+        delta.upsert_unreadable_policies = unreadable.into_values().collect();
+        let changes = upserted.len() + delta.upsert_unreadable_policies.len();
+        let rejected = self.apply_delta(&current, delta, changes, removals, &mut errors);
         for (name, version) in upserted {
             if rejected.contains(&name) {
                 self.state.authorization_versions.remove(&name);

@@ -22,7 +22,12 @@
 //!
 //! Every error names the offending field, e.g. `addresses[1]: IP address must
 //! be 4 or 16 bytes, got 5`; the client prefixes it with the resource name
-//! when it builds a NACK.
+//! when it builds a NACK. An Authorization that fails is also kept, as an
+//! [`UnreadablePolicy`] ([`unreadable_authorization`]), so that it denies
+//! where it applies instead of silently widening access. ztunnel differs
+//! here: it drops the entries it cannot read (a bad CIDR, a string match
+//! without a value) and keeps the rest of the policy, which can turn a
+//! narrow ALLOW into a wide one.
 //!
 //! The opposite direction (model → wire) serves the dev control plane, which
 //! publishes a local YAML config over xDS.
@@ -42,8 +47,8 @@ use crate::model::{
     is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
     Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
-    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Workload,
-    WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
+    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, UnreadablePolicy,
+    Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN,
 };
 
@@ -148,6 +153,36 @@ pub fn decode_authorization_resource(res: &Resource) -> Result<Policy> {
     let msg = spb::Authorization::decode(bytes)
         .map_err(|e| ConvertError::new(format!("undecodable istio.security.Authorization: {e}")))?;
     policy_from_proto(msg)
+}
+
+/// What can still be read of an Authorization resource that
+/// [`decode_authorization_resource`] refused, so the snapshot can keep it
+/// denying where it applies (it must never widen access): the key from the
+/// resource name, and the scope and dry-run flag if the payload decodes.
+/// None when the resource name is not "ns/name" (nothing could name it).
+pub fn unreadable_authorization(res: &Resource, error: &ConvertError) -> Option<UnreadablePolicy> {
+    if !is_namespaced(&res.name) {
+        return None;
+    }
+    let (namespace, name) = res.name.split_once('/').expect("namespaced");
+    let header = any_payload(res, AUTHORIZATION_TYPE_URL)
+        .ok()
+        .and_then(|bytes| spb::Authorization::decode(bytes).ok());
+    let scope = header
+        .as_ref()
+        .and_then(|a| spb::Scope::try_from(a.scope).ok())
+        .map(|s| match s {
+            spb::Scope::Global => PolicyScope::Global,
+            spb::Scope::Namespace => PolicyScope::Namespace,
+            spb::Scope::WorkloadSelector => PolicyScope::WorkloadSelector,
+        });
+    Some(UnreadablePolicy {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        scope,
+        dry_run: header.is_some_and(|a| a.dry_run),
+        error: error.to_string(),
+    })
 }
 
 fn any_payload<'a>(res: &'a Resource, type_url: &str) -> Result<&'a [u8]> {

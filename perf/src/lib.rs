@@ -17,6 +17,7 @@ pub mod dial;
 pub mod idle;
 pub mod latency;
 pub mod machine;
+pub mod microbench;
 pub mod nodes;
 pub mod passthrough;
 pub mod procstat;

@@ -4,61 +4,25 @@
 //! pods, each backing one service through one port mapping).
 //!
 //! Memory is counted exactly by a counting global allocator (bytes live on
-//! the heap), not sampled from RSS. Times are medians of repeated runs.
-//! Prints a Markdown table.
+//! the heap, see `ringway_perf::microbench`), not sampled from RSS. Times
+//! are medians of repeated runs. Prints a Markdown table.
 //!
 //! Run: `cargo run --release -p ringway-perf --bin snapshot-bench`
 //! (`-- --quick` for fewer repetitions).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ringway_controlplane::model::snapshot::{Snapshot, SnapshotDelta};
 use ringway_controlplane::model::{
     Locality, NetworkAddress, PortMapping, Service, TunnelProtocol, Workload,
 };
-
-// ---------------------------------------------------------------------------
-// Counting allocator
-// ---------------------------------------------------------------------------
-
-/// Bytes currently allocated through the global allocator.
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-struct Counting;
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use ringway_perf::microbench::{fmt_dur, live_bytes, median, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn live_bytes() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
 
 // ---------------------------------------------------------------------------
 // Synthetic mesh
@@ -150,11 +114,6 @@ fn workload(i: usize, generation: u32) -> Workload {
 // Measurement helpers
 // ---------------------------------------------------------------------------
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 /// xorshift64*: deterministic lookup keys without a rand dependency.
 struct Rng(u64);
 
@@ -164,17 +123,6 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
-    }
-}
-
-fn fmt_dur(d: Duration) -> String {
-    let ns = d.as_nanos() as f64;
-    if ns >= 1e6 {
-        format!("{:.1} ms", ns / 1e6)
-    } else if ns >= 1e3 {
-        format!("{:.1} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
     }
 }
 

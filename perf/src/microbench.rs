@@ -1,0 +1,111 @@
+//! What the in-process benchmarks (`src/bin/*-bench.rs`) share: a counting
+//! global allocator (exact heap bytes instead of sampled RSS), medians of
+//! timings and their formatting.
+//!
+//! A benchmark binary installs the allocator itself:
+//! `#[global_allocator] static ALLOCATOR: Counting = Counting;`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bytes currently allocated through [`Counting`].
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+/// The system allocator, counting the bytes it hands out.
+pub struct Counting;
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Heap bytes live now (0 unless the binary installed [`Counting`]).
+pub fn live_bytes() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The middle sample (the upper one of an even count).
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// "1.2 ms", "3.4 µs", "56 ns".
+pub fn fmt_dur(d: Duration) -> String {
+    fmt_ns(d.as_nanos() as f64)
+}
+
+/// Nanoseconds in the unit that suits them.
+pub fn fmt_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.1} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.1} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+/// Mean ns per call of `f` over one timed batch of at least `min` wall
+/// time. The batch size grows until a batch lasts that long; the shorter
+/// batches before it are discarded (they warm caches and branch
+/// predictors).
+pub fn ns_per_call(min: Duration, mut f: impl FnMut()) -> f64 {
+    let mut calls: u64 = 1;
+    loop {
+        let start = Instant::now();
+        for _ in 0..calls {
+            f();
+        }
+        let took = start.elapsed();
+        if took >= min {
+            return took.as_nanos() as f64 / calls as f64;
+        }
+        // Aim 20 % past `min`, at least doubling.
+        let scale = min.as_secs_f64() / took.as_secs_f64().max(1e-9) * 1.2;
+        calls = (calls as f64 * scale.max(2.0)).ceil() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formatting_and_medians() {
+        assert_eq!(fmt_ns(56.4), "56 ns");
+        assert_eq!(fmt_ns(3_400.0), "3.4 µs");
+        assert_eq!(fmt_dur(Duration::from_micros(1_240)), "1.2 ms");
+        let ms = Duration::from_millis;
+        assert_eq!(median(vec![ms(3), ms(1), ms(2)]), ms(2));
+    }
+
+    #[test]
+    fn batches_last_at_least_the_minimum() {
+        let mut calls = 0u64;
+        let ns = ns_per_call(Duration::from_millis(5), || {
+            calls += 1;
+            std::hint::black_box(calls);
+        });
+        assert!(ns > 0.0 && ns < 1e6, "{ns}");
+        assert!(calls > 1);
+    }
+}

@@ -2,7 +2,8 @@
 //! one run on the two-node rig (see `nodes`).
 //!
 //! Variants are columns: direct (no proxy), ringway passthrough, ringway
-//! HBONE (per `--cores` value of a sweep), and optionally a peer proxy
+//! HBONE (per `--cores` value of a sweep, and per `--policies` value: the
+//! authorization policies on the destination), and optionally a peer proxy
 //! reached through SOCKS5. Each round runs every scenario on every variant;
 //! the variant order rotates with the round and the scenario so slow drift
 //! on a shared machine hits every column alike. Reported numbers are
@@ -19,7 +20,9 @@ use serde::Serialize;
 use crate::calibrate::{self, Calibration};
 use crate::charts::{self, Bar, Series};
 use crate::machine::{self, Machine};
-use crate::nodes::{self, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, Variant};
+use crate::nodes::{
+    self, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, SetSpec, Variant,
+};
 use crate::report::{fmt_num, markdown_table, Collector, MetricSummary};
 use crate::rr::Limit;
 use crate::scenario::{Kind, Scenario};
@@ -87,6 +90,14 @@ pub struct SuiteArgs {
     /// Without it, ringway uses every CPU.
     #[arg(long = "cores", value_parser = parse_cores)]
     pub cores: Vec<String>,
+    /// Authorization policies on the HBONE destination: one HBONE column
+    /// per value ("0,10,1000", or repeat the flag), each through its own
+    /// ringway pair whose server workload carries that many policies (see
+    /// perf/README.md). Results add a table of every HBONE metric per
+    /// value with its ratio to the smallest value. Combined with --cores:
+    /// every pair of values.
+    #[arg(long = "policies", value_delimiter = ',')]
+    pub policies: Vec<usize>,
     /// SOCKS5 address of a peer proxy (an extra column); needs --peer-cmd.
     #[arg(long, requires = "peer_cmd")]
     pub peer_socks: Option<SocketAddr>,
@@ -160,6 +171,8 @@ pub struct Settings {
     pub rounds: usize,
     pub scenarios: Vec<Scenario>,
     pub core_sets: Vec<Option<String>>,
+    /// `--policies` values, ascending (empty: no policy sweep).
+    pub policies: Vec<usize>,
     pub calibrate: Option<calibrate::Params>,
     pub peer: Option<PeerSettings>,
     pub proxy_log_level: String,
@@ -216,9 +229,12 @@ impl Settings {
         } else {
             dedup(&a.cores).into_iter().map(Some).collect()
         };
+        let mut policies = a.policies.clone();
+        policies.sort_unstable();
+        policies.dedup();
         anyhow::ensure!(
-            core_sets.len() <= nodes::MAX_CORE_SETS,
-            "at most {} --cores values",
+            core_sets.len() * policies.len().max(1) <= nodes::MAX_CORE_SETS,
+            "at most {} ringway pairs (--cores values × --policies values)",
             nodes::MAX_CORE_SETS
         );
         let calibrate = (!a.no_calibrate).then_some(calibrate::Params {
@@ -242,10 +258,30 @@ impl Settings {
             rounds,
             scenarios,
             core_sets,
+            policies,
             calibrate,
             peer,
             proxy_log_level: a.proxy_log_level.clone(),
         })
+    }
+}
+
+impl Settings {
+    /// One ringway pair per `--cores` value and `--policies` value.
+    pub fn sets(&self) -> Vec<SetSpec> {
+        let policies: Vec<Option<usize>> = match self.policies.is_empty() {
+            true => vec![None],
+            false => self.policies.iter().copied().map(Some).collect(),
+        };
+        self.core_sets
+            .iter()
+            .flat_map(|cores| {
+                policies.iter().map(|&policies| SetSpec {
+                    cores: cores.clone(),
+                    policies,
+                })
+            })
+            .collect()
     }
 }
 
@@ -300,6 +336,27 @@ pub struct ScalingRow {
     pub points: Vec<ScalingPoint>,
 }
 
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyPoint {
+    pub policies: usize,
+    pub variant: String,
+    pub median: Option<f64>,
+    /// Ratio to the smallest `--policies` value of the same `--cores`.
+    pub vs_first: Option<f64>,
+}
+
+/// One metric of the HBONE columns across the `--policies` values.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyRow {
+    pub cores: Option<String>,
+    pub id: String,
+    pub scenario: String,
+    pub metric: String,
+    pub higher_is_better: bool,
+    pub digits: usize,
+    pub points: Vec<PolicyPoint>,
+}
+
 #[derive(Serialize)]
 pub struct Report {
     pub machine: Machine,
@@ -308,6 +365,7 @@ pub struct Report {
     pub variants: Vec<Variant>,
     pub metrics: Vec<MetricSummary>,
     pub scaling: Vec<ScalingRow>,
+    pub policy_cost: Vec<PolicyRow>,
     pub runs: Vec<RunRecord>,
     pub notes: Vec<String>,
     pub failed_runs: usize,
@@ -349,7 +407,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
     let mut nodes = Nodes::start(
         &NodesConfig {
             ringway: bin.clone(),
-            core_sets: settings.core_sets.clone(),
+            sets: settings.sets(),
             log_dir: out.join("logs"),
             log_level: settings.proxy_log_level.clone(),
             peer: settings.peer.as_ref().map(|p| PeerSpec {
@@ -378,6 +436,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
 
     let metrics = collector.summarize(0);
     let scaling = scaling(&metrics, &variants);
+    let policy_cost = policy_cost(&metrics, &variants);
     let mut report = Report {
         machine,
         settings,
@@ -386,6 +445,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
         failed_runs: runs.iter().filter(|r| r.error.is_some()).count(),
         metrics,
         scaling,
+        policy_cost,
         runs,
         notes,
         charts: Vec::new(),
@@ -432,6 +492,15 @@ fn measure(
     let mut notes = Vec::new();
     let result = (|| -> anyhow::Result<()> {
         warm_up(nodes, &variants, progress)?;
+        let counts = settings.policies.len();
+        if counts > 1 && !settings.rounds.is_multiple_of(counts) {
+            notes.push(format!(
+                "{} rounds for {counts} --policies values: the counts move to another ringway pair \
+                 every round, so with a multiple of {counts} rounds each would run on every pair \
+                 equally often",
+                settings.rounds
+            ));
+        }
         let applicable = |s: &Scenario| {
             variants
                 .iter()
@@ -442,6 +511,17 @@ fn measure(
         let mut done = 0;
         let width = variants.iter().map(|v| v.label.len()).max().unwrap_or(10);
         for round in 0..settings.rounds {
+            // A policy sweep moves the counts to other ringway pairs
+            // (fresh processes): warm those up like at the start.
+            if nodes.rotate_policies(round, &mut |l| progress.line(l))? {
+                variants = nodes.variants();
+                let moved: Vec<Variant> = variants
+                    .iter()
+                    .filter(|v| matches!(v.kind, VariantKind::Passthrough | VariantKind::Hbone))
+                    .cloned()
+                    .collect();
+                warm_up(nodes, &moved, progress)?;
+            }
             for (si, scenario) in settings.scenarios.iter().enumerate() {
                 let label = scenario.label();
                 let n = variants.len();
@@ -557,7 +637,13 @@ fn scaling(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<ScalingRow> {
         ("passthrough", VariantKind::Passthrough),
         ("hbone", VariantKind::Hbone),
     ] {
+        // With a policy sweep, the columns of the smallest --policies value.
         let of_kind: Vec<&Variant> = variants.iter().filter(|v| v.kind == kind).collect();
+        let first_policies = of_kind.first().and_then(|v| v.policies);
+        let of_kind: Vec<&Variant> = of_kind
+            .into_iter()
+            .filter(|v| v.policies == first_policies)
+            .collect();
         if of_kind.len() < 2 {
             continue;
         }
@@ -593,6 +679,93 @@ fn scaling(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<ScalingRow> {
         }
     }
     rows
+}
+
+/// Every metric of the HBONE columns per `--policies` value, against the
+/// smallest value, separately for each `--cores` value.
+fn policy_cost(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<PolicyRow> {
+    let swept: Vec<&Variant> = variants
+        .iter()
+        .filter(|v| v.kind == VariantKind::Hbone && v.policies.is_some())
+        .collect();
+    let mut rows = Vec::new();
+    for cores in dedup(&swept.iter().map(|v| v.cores.clone()).collect::<Vec<_>>()) {
+        let group: Vec<&Variant> = swept.iter().copied().filter(|v| v.cores == cores).collect();
+        if group.len() < 2 {
+            continue;
+        }
+        for m in metrics {
+            let first = m.median_of(&group[0].key);
+            let points: Vec<PolicyPoint> = group
+                .iter()
+                .map(|v| {
+                    let median = m.median_of(&v.key);
+                    PolicyPoint {
+                        policies: v.policies.unwrap_or(0),
+                        variant: v.key.clone(),
+                        median,
+                        vs_first: crate::stats::ratio(median, first),
+                    }
+                })
+                .collect();
+            if points.iter().all(|p| p.median.is_none()) {
+                continue;
+            }
+            rows.push(PolicyRow {
+                cores: cores.clone(),
+                id: m.def.id.clone(),
+                scenario: m.def.scenario.clone(),
+                metric: m.def.name.clone(),
+                higher_is_better: m.def.higher_is_better,
+                digits: m.def.digits,
+                points,
+            });
+        }
+    }
+    rows
+}
+
+/// The policy-cost tables of results.md.
+fn policy_markdown(rows: &[PolicyRow]) -> String {
+    let mut s = String::from(
+        "\n## Authorization policies on the destination\n\n\
+         ringway HBONE with N policies on the server workload (N−1 NAMESPACE-scope DENY \
+         policies that never match the client, then, from N = 10, one ALLOW policy that does: \
+         every connection walks all of them). Each N runs on its own ringway pair and moves to \
+         the next pair every round (restarted and warmed up), so the pairs' differences average \
+         out. Median; × is the ratio to the smallest N in this run.\n",
+    );
+    for group in rows.chunk_by(|a, b| a.cores == b.cores) {
+        if let Some(c) = &group[0].cores {
+            s += &format!("\n`--cores {c}`:\n");
+        }
+        s += "\n| scenario | metric |";
+        for p in &group[0].points {
+            s += &format!(" {} policies |", p.policies);
+        }
+        s += "\n|---|---|";
+        s += &"---:|".repeat(group[0].points.len());
+        s += "\n";
+        let mut last_scenario = "";
+        for row in group {
+            let scenario = match row.scenario == last_scenario {
+                true => "",
+                false => &row.scenario,
+            };
+            last_scenario = &row.scenario;
+            let arrow = if row.higher_is_better { "↑" } else { "↓" };
+            s += &format!("| {scenario} | {} {arrow} |", row.metric);
+            for (i, p) in row.points.iter().enumerate() {
+                let mut cell = fmt_num(p.median, row.digits);
+                if let Some(x) = p.vs_first.filter(|_| i > 0) {
+                    cell += &format!(" ({x:.3}×)");
+                }
+                s += &format!(" {cell} |");
+            }
+            s += "\n";
+        }
+    }
+    s
 }
 
 fn write_charts(out: &Path, r: &Report) -> anyhow::Result<Vec<String>> {
@@ -745,6 +918,10 @@ fn markdown(r: &Report) -> String {
         }
     }
 
+    if !r.policy_cost.is_empty() {
+        s += &policy_markdown(&r.policy_cost);
+    }
+
     s += "\n## Load generator calibration\n\n";
     match &r.calibration {
         Some(c) => {
@@ -803,7 +980,11 @@ fn describe_variant(v: &Variant) -> String {
         }
         VariantKind::Peer => "SOCKS5 CONNECT to the peer proxy in node A",
     };
-    format!("{path}; `{}`", v.dialer.describe())
+    let policies = match v.policies {
+        Some(n) if n > 0 => format!("; the destination carries {n} authorization policies"),
+        _ => String::new(),
+    };
+    format!("{path}{policies}; `{}`", v.dialer.describe())
 }
 
 fn describe_scenario(s: &Scenario) -> String {
@@ -855,5 +1036,73 @@ mod tests {
         assert_eq!(cpu_count("0-1"), Some(2));
         assert_eq!(cpu_count("0-1,3-3"), Some(3));
         assert_eq!(cpu_count("3-1"), None);
+    }
+
+    fn variant(
+        key: &str,
+        kind: VariantKind,
+        cores: Option<&str>,
+        policies: Option<usize>,
+    ) -> Variant {
+        Variant {
+            key: key.into(),
+            label: key.into(),
+            kind,
+            set: None,
+            cores: cores.map(String::from),
+            dialer: crate::dial::Dialer::direct("127.0.0.1:1".parse().unwrap()),
+            procs: crate::procstat::Processes::default(),
+            policies,
+        }
+    }
+
+    #[test]
+    fn policy_sweep_compares_hbone_columns_against_the_smallest_count() {
+        let variants = [
+            variant("direct", VariantKind::Direct, None, None),
+            variant("passthrough@1", VariantKind::Passthrough, Some("1"), None),
+            variant("hbone@1/p0", VariantKind::Hbone, Some("1"), Some(0)),
+            variant("hbone@1/p1000", VariantKind::Hbone, Some("1"), Some(1000)),
+            variant("passthrough@2", VariantKind::Passthrough, Some("2"), None),
+            variant("hbone@2/p0", VariantKind::Hbone, Some("2"), Some(0)),
+            variant("hbone@2/p1000", VariantKind::Hbone, Some("2"), Some(1000)),
+        ];
+        let mut c = Collector::new(variants.iter().map(|v| v.key.clone()).collect());
+        let cps =
+            crate::report::MetricDef::new("connect.cps", "connect × 4", "connections/s", true, 0);
+        for (vi, x) in [
+            (0, 900.0),
+            (1, 500.0),
+            (2, 400.0),
+            (3, 380.0),
+            (4, 520.0),
+            (5, 410.0),
+            (6, 400.0),
+        ] {
+            c.add(&cps, vi, x);
+        }
+        let metrics = c.summarize(0);
+        let rows = policy_cost(&metrics, &variants);
+        assert_eq!(rows.len(), 2, "one row per --cores value");
+        assert_eq!(rows[0].cores.as_deref(), Some("1"));
+        let p: Vec<usize> = rows[0].points.iter().map(|p| p.policies).collect();
+        assert_eq!(p, [0, 1000]);
+        assert_eq!(rows[0].points[1].vs_first, Some(0.95));
+        let md = policy_markdown(&rows);
+        assert!(
+            md.contains("| scenario | metric | 0 policies | 1000 policies |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| connect × 4 | connections/s ↑ | 400 | 380 (0.950×) |"),
+            "{md}"
+        );
+        assert!(md.contains("`--cores 2`"), "{md}");
+        // Core scaling only looks at the columns without policies.
+        let scaling = scaling(&metrics, &variants);
+        let hbone = scaling.iter().find(|r| r.mode == "hbone").unwrap();
+        let keys: Vec<&str> = hbone.points.iter().map(|p| p.cores.as_str()).collect();
+        assert_eq!(keys, ["1", "2"]);
+        assert_eq!(hbone.points[1].median, Some(410.0));
     }
 }

@@ -8,33 +8,12 @@
 //! (target/{debug,release}/ringway, or RINGWAY_BIN). Fails, never skips,
 //! when either is missing.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
-fn ringway_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("RINGWAY_BIN") {
-        return PathBuf::from(p);
-    }
-    // target/<profile>/deps/<this test> → target/<profile>
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let target = profile_dir.parent().unwrap();
-    let newest = [
-        profile_dir.join("ringway"),
-        target.join("release/ringway"),
-        target.join("debug/ringway"),
-    ]
-    .into_iter()
-    .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
-    .max();
-    match newest {
-        Some((_, p)) => p,
-        None => panic!(
-            "no ringway binary under {}: build it first (cargo build -p ringway-dataplane) or set RINGWAY_BIN",
-            target.display()
-        ),
-    }
-}
+use common::{require_root, ringway_bin, run_suite, variant_keys};
 
 fn assert_svg(path: &Path) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -44,11 +23,7 @@ fn assert_svg(path: &Path) {
 
 #[test]
 fn quick_suite_on_the_two_node_rig() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (network namespaces, nftables): run the tests as root, as CI does"
-    );
+    require_root();
     let ringway = ringway_bin();
     let perf = env!("CARGO_BIN_EXE_ringway-perf");
     let help = Command::new(&ringway).arg("--help").output().unwrap();
@@ -69,35 +44,39 @@ fn quick_suite_on_the_two_node_rig() {
         format!("{perf} socks-relay --listen 127.0.0.1:15080")
     };
     let out = tempfile::tempdir().unwrap();
-    let started = std::time::Instant::now();
-    let run = Command::new(perf)
-        .args(["suite", "--ringway"])
-        .arg(&ringway)
-        .arg("--out")
-        .arg(out.path())
-        .args(["--rounds", "1", "--bytes", "8M", "--streams", "1,2"])
-        .args(["--rr-duration", "300ms", "--connect-duration", "300ms"])
-        .args(["--idle-connections", "20", "--idle-settle", "100ms"])
-        .args(["--no-calibrate", "--cores", "1", "--cores", "2"])
-        .args(["--peer-socks", "127.0.0.1:15080", "--peer-name", "the peer"])
-        .args(["--peer-cmd", &peer_cmd])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "suite failed:\n{stderr}");
-    eprintln!("suite took {:.1}s", started.elapsed().as_secs_f64());
-
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap())
-            .unwrap();
-    let keys: Vec<&str> = json["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["key"].as_str().unwrap())
-        .collect();
+    let (stderr, json) = run_suite(
+        &ringway,
+        out.path(),
+        &[
+            "--rounds",
+            "1",
+            "--bytes",
+            "8M",
+            "--streams",
+            "1,2",
+            "--rr-duration",
+            "300ms",
+            "--connect-duration",
+            "300ms",
+            "--idle-connections",
+            "20",
+            "--idle-settle",
+            "100ms",
+            "--no-calibrate",
+            "--cores",
+            "1",
+            "--cores",
+            "2",
+            "--peer-socks",
+            "127.0.0.1:15080",
+            "--peer-name",
+            "the peer",
+            "--peer-cmd",
+            &peer_cmd,
+        ],
+    );
     assert_eq!(
-        keys,
+        variant_keys(&json),
         [
             "direct",
             "passthrough@1",

@@ -68,8 +68,7 @@ struct Check {
     field: Field,
 }
 
-/// Variant order is evaluation order: integers first.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Field {
     DestinationPorts(Box<[u16]>),
     DestinationIps(Box<[Prefix]>),
@@ -81,7 +80,7 @@ enum Field {
 
 /// An IP prefix as two 128-bit words; IPv4 keeps its own family so a v4
 /// prefix never matches a v6 address (and the reverse).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Prefix {
     v4: bool,
     network: u128,
@@ -135,7 +134,7 @@ fn ip_bits(ip: IpAddr) -> (bool, u128, u32) {
 /// A string match, checked against a value made of parts (a principal is
 /// "td" "/ns/" "ns" "/sa/" "sa": matching it part by part means never
 /// building the string).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Pattern {
     Exact(Box<str>),
     Prefix(Box<str>),
@@ -210,7 +209,7 @@ pub(super) struct Facts<'a> {
 impl Facts<'_> {
     /// The principal as parts: "td/ns/NS/sa/SA" (`spiffe://` stripped).
     #[inline]
-    fn principal<'i>(id: &'i Identity) -> [&'i str; 5] {
+    fn principal(id: &Identity) -> [&str; 5] {
         [
             &id.trust_domain,
             "/ns/",
@@ -307,7 +306,7 @@ impl Matcher {
         }
         // Cheapest field first; stable, so a field's positive list stays
         // before its negative one.
-        checks.sort_by(|a, b| a.field.rank().cmp(&b.field.rank()));
+        checks.sort_by_key(|c| c.field.rank());
         Some(Matcher {
             checks: checks.into(),
         })

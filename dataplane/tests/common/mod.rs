@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod nodes;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;

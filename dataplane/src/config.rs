@@ -144,9 +144,20 @@ pub struct Args {
     pub network: String,
 
     /// This node's name: certificates are prefetched for the workloads whose
-    /// `node` matches. Unset: for every workload in the config.
+    /// `node` matches, and only they are served inbound (HBONE and
+    /// plaintext to any other address is refused). Unset: every workload in
+    /// the config counts as local.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+
+    /// Let outbound traffic from sources that are not workloads in the
+    /// config leave (plain TCP to non-mesh destinations only; HBONE still
+    /// needs a source identity). Off by default, as in ztunnel: a source
+    /// ringway does not know is refused, so nothing leaves the node
+    /// unauthenticated by accident, e.g. before the first config arrives.
+    /// For labs and benchmarks without a full mesh config.
+    #[arg(long, env = "RINGWAY_ALLOW_UNKNOWN_SOURCE")]
+    pub allow_unknown_source: bool,
 
     /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem, cert-chain.pem). A new root is generated there on
@@ -440,6 +451,10 @@ pub struct ProxyConfig {
     pub handshake_timeout: Duration,
     pub on_demand_timeout: Duration,
     pub cert_wait_timeout: Duration,
+    /// Inbound serves only workloads on this node (None: every workload).
+    pub node_name: Option<String>,
+    /// Outbound from unknown sources may leave as plain TCP.
+    pub allow_unknown_source: bool,
 }
 
 impl ProxyConfig {
@@ -461,6 +476,8 @@ impl ProxyConfig {
             handshake_timeout: args.handshake_timeout,
             on_demand_timeout: args.on_demand_timeout,
             cert_wait_timeout: args.cert_wait_timeout,
+            node_name: args.node_name.clone(),
+            allow_unknown_source: args.allow_unknown_source,
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
                 idle_timeout: args.pool_idle_timeout,
@@ -469,6 +486,12 @@ impl ProxyConfig {
             },
         }
     }
+}
+
+/// The flags as if given none: defaults everywhere (for unit tests).
+#[cfg(test)]
+pub fn test_args() -> Args {
+    Cli::try_parse_from(["ringway"]).unwrap().run
 }
 
 #[cfg(test)]

@@ -1,19 +1,26 @@
 //! Inbound passthrough (15006): plaintext traffic to a local workload,
 //! captured by nat REDIRECT (original destination from SO_ORIGINAL_DST) or
 //! by TPROXY (the accepted socket's local address *is* the original
-//! destination). Forwarded to that destination with the same copy engine.
-//! Authorization of this path comes with the policy engine.
+//! destination). The destination must be a local workload and its
+//! policies must admit a connection without a peer identity (so a STRICT
+//! mTLS policy refuses it); then it is forwarded to that destination with
+//! the same copy engine, until it ends or a later config denies it.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
 use crate::accesslog::ConnLog;
+use crate::authorization::{self, Inbound};
 use crate::runtime::CoreInputs;
 use crate::socket;
 
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
-    log.src = socket::peer_addr(fd).ok();
+    let src = match socket::peer_addr(fd) {
+        Ok(a) => a,
+        Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
+    };
+    log.src = Some(src);
     let dst = match socket::captured_dst(fd, true) {
         Ok(d) => d,
         Err(e) => return log.fail(format!("cannot read the original destination: {e}")),
@@ -27,7 +34,29 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
         ));
     }
     log.route = "passthrough";
+    let inbound = Inbound {
+        src: src.ip(),
+        dst,
+        peer: None,
+    };
+    let ticket = match authorization::admit(&core.admitted, &core.snapshot(), &core.cfg, inbound) {
+        Ok(t) => t,
+        Err(refusal) => {
+            // It believes it is connected: a reset tells it otherwise.
+            socket::set_reset_on_close(fd);
+            return log.fail(format!("refused: {refusal}"));
+        }
+    };
     log.upstream = Some(dst);
-    crate::outbound::proxy_direct(&core, client, dst, &log, &mut crate::outbound::Transparent)
-        .await;
+    let log = &log;
+    let mut transparent = crate::outbound::Transparent;
+    let carried = crate::outbound::proxy_direct(&core, client, dst, log, &mut transparent);
+    let revoked = async {
+        let why = ticket.revoked().await;
+        // The sockets close when `carried` is dropped, right after this:
+        // the client gets a reset, not a clean end of stream.
+        socket::set_reset_on_close(fd);
+        log.fail(format!("closed: {why}"));
+    };
+    futures_lite::future::or(carried, revoked).await;
 }

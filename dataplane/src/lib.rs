@@ -5,6 +5,7 @@
 //! - [`runtime`]: per-core executors, startup checks, drain.
 //! - [`listeners`]: REUSEPORT listeners per core and the accept loop.
 //! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`hbone::server`] (15008): the traffic paths.
+//! - [`authorization`]: admission of inbound connections by policy, and late rejection.
 //! - [`socks5`] (15080, off by default): SOCKS5 front door into the outbound path.
 //! - [`hbone`]: HTTP/2 CONNECT over mTLS: server, client, per-core pool, stream pump.
 //! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
@@ -18,6 +19,7 @@
 
 pub mod accesslog;
 pub mod app;
+pub mod authorization;
 pub mod config;
 pub mod control;
 pub mod copy;

@@ -2,6 +2,10 @@
 //! destination, refuse loops, decide the route from the core's snapshot
 //! ([`plan`]), then connect and move bytes.
 //!
+//! Sources: the client must be a workload in the config (found by its
+//! address); an unknown source is refused, as ztunnel refuses one, unless
+//! `--allow-unknown-source` (labs) lets it out as plain TCP.
+//!
 //! Routes: destinations outside the mesh and TCP-protocol workloads are
 //! connected directly (passthrough); HBONE workloads are reached through an
 //! mTLS HTTP/2 CONNECT tunnel under the source workload's identity; a
@@ -306,9 +310,33 @@ pub async fn route(
         .await;
     }
     let mut snapshot = core.snapshot();
+    let network = &core.cfg.network;
+    // The source must be a workload ringway knows (as in ztunnel, which
+    // speaks for a known workload only): nothing leaves unauthenticated by
+    // accident, e.g. before the first config arrives. On-demand xDS may
+    // simply not have fetched it yet.
+    let src_ip = log.src.map(|s| s.ip());
+    let known_source =
+        |snap: &Snapshot| src_ip.is_some_and(|ip| snap.workload_by_addr(network, ip).is_some());
+    if !known_source(&snapshot) && core.control.on_demand.is_some() {
+        if let Some(fresh) = match src_ip {
+            Some(ip) => core.resolve_on_demand(ip).await,
+            None => None,
+        } {
+            snapshot = Rc::new(fresh);
+        }
+    }
+    if !known_source(&snapshot) && !core.cfg.allow_unknown_source {
+        let why = format!(
+            "refused: unknown source {}: no workload has this address in the mesh config \
+             (fail closed; --allow-unknown-source lets plain TCP out in a lab)",
+            src_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
+        );
+        return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
+    }
     // On-demand xDS: an unknown destination may simply not be fetched yet.
     if core.control.on_demand.is_some()
-        && !ringway_controlplane::sources::xds::resolves(&snapshot, &core.cfg.network, dst.ip())
+        && !ringway_controlplane::sources::xds::resolves(&snapshot, network, dst.ip())
     {
         if let Some(fresh) = core.resolve_on_demand(dst.ip()).await {
             snapshot = Rc::new(fresh);

@@ -39,6 +39,9 @@ pub struct CoreInputs {
     pub open: Rc<OpenConnections>,
     /// This core's HBONE connection pool.
     pub pool: crate::hbone::pool::Pool,
+    /// Inbound connections admitted by policy, re-checked on snapshot
+    /// changes (late rejection).
+    pub admitted: Rc<crate::authorization::Registry>,
     /// True once shutdown began (stop accepting, send GOAWAY, drain).
     pub shutdown: watch::Receiver<bool>,
     /// Flips to true at the drain deadline: every connection still open is
@@ -193,6 +196,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         self_addrs,
         open: Rc::new(OpenConnections::default()),
         pool: crate::hbone::pool::Pool::new(cfg_pool),
+        admitted: Rc::default(),
         shutdown: shutdown.clone(),
         control,
         force_close,
@@ -200,7 +204,9 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         certs: RefCell::new(Rc::new(cert_feed.current())),
     });
 
-    // Follow snapshot publications: swap the core's slot, never block.
+    // Follow snapshot publications: swap the core's slot (never block),
+    // then authorize again the open inbound connections the change may
+    // concern, closing those now denied.
     let watcher = {
         let core = core.clone();
         glommio::spawn_local(async move {
@@ -211,7 +217,19 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                     version = snap.version(),
                     "snapshot applied"
                 );
-                *core.snapshot.borrow_mut() = Rc::new(snap);
+                let old = std::mem::replace(&mut *core.snapshot.borrow_mut(), Rc::new(snap));
+                let new = core.snapshot();
+                let r = core.admitted.recheck(&old, &new, &core.cfg);
+                if r.revoked > 0 {
+                    tracing::info!(
+                        core = core.index,
+                        version = new.version(),
+                        checked = r.checked,
+                        closed = r.revoked,
+                        late_rejections = core.admitted.late_rejections(),
+                        "authorization re-checked after a config change; closing what is now denied"
+                    );
+                }
             }
         })
     };

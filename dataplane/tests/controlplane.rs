@@ -6,7 +6,11 @@
 
 mod common;
 
-use common::{ask, serve_tag};
+use common::{ask_from, serve_tag};
+
+/// The client workload (HBONE, on this node): known to ringway, so its
+/// connections may leave.
+const CLIENT: &str = "127.0.0.3";
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -192,23 +196,6 @@ fn wait_ready(ns: &NetNs, rw: &Ringway) {
     }
 }
 
-/// Waits for an access-log line matching `pred` (lines are written when a
-/// connection closes, which can trail the client's view by a moment).
-fn wait_log(rw: &Ringway, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(l) = rw.access_logs().into_iter().find(|l| pred(l)) {
-            return l;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no matching access log: {:#?}",
-            rw.access_logs()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn config_from_xds_deltas_and_control_plane_down() {
     let mut rig = Rig::new("xds", 9301);
@@ -219,7 +206,7 @@ fn config_from_xds_deltas_and_control_plane_down() {
     let rw = rig.ringway(&[]);
     wait_ready(&rig.ns, &rw);
     assert_eq!(
-        rig.ns.enter(|| ask("127.10.0.1:80")).unwrap(),
+        rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap(),
         "first",
         "VIP routed from xDS config"
     );
@@ -227,7 +214,7 @@ fn config_from_xds_deltas_and_control_plane_down() {
     // An edit on the control plane arrives as a delta.
     std::fs::write(&rig.config, mesh(9302)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while rig.ns.enter(|| ask("127.10.0.1:80")).unwrap() != "second" {
+    while rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap() != "second" {
         assert!(
             Instant::now() < deadline,
             "the pushed delta was not applied"
@@ -250,7 +237,9 @@ fn config_from_xds_deltas_and_control_plane_down() {
         c.read_to_string(&mut s).map(|_| s)
     });
     assert_eq!(via_hbone.unwrap(), "over-hbone");
-    let hbone = wait_log(&rw, |l| l["route"] == "hbone" && l["path"] == "outbound");
+    let hbone = rw.wait_log("the outbound HBONE connection", |l| {
+        l["target"] == "access" && l["route"] == "hbone" && l["path"] == "outbound"
+    });
     assert_eq!(
         hbone["src_identity"],
         "spiffe://cluster.local/ns/default/sa/client"
@@ -260,7 +249,10 @@ fn config_from_xds_deltas_and_control_plane_down() {
     // keep serving new connections.
     rig.stop_devcp();
     thread::sleep(Duration::from_millis(300));
-    assert_eq!(rig.ns.enter(|| ask("127.10.0.1:80")).unwrap(), "second");
+    assert_eq!(
+        rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap(),
+        "second"
+    );
     assert_eq!(
         readiness(&rig.ns, &rw),
         Some(200),
@@ -275,7 +267,7 @@ fn on_demand_lookup_resolves_unknown_destination() {
     let rw = rig.ringway(&["--xds-on-demand", "--on-demand-timeout", "10s"]);
     wait_ready(&rig.ns, &rw);
     // Nothing about 127.10.0.1 is known until the connection asks for it.
-    let got = rig.ns.enter(|| ask("127.10.0.1:80"));
+    let got = rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80"));
     assert_eq!(
         got.as_deref().ok(),
         Some("on-demand"),

@@ -128,7 +128,14 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = common::write_config(dir.path(), "local.yaml", &vip_config(9101));
     let cfg_s = cfg.to_str().unwrap().to_string();
-    let rw = ns.ringway(&["--config", &cfg_s, "--config-poll-interval", "100ms"]);
+    // The client speaks from 127.0.0.1, which is no workload: let it out.
+    let rw = ns.ringway(&[
+        "--config",
+        &cfg_s,
+        "--config-poll-interval",
+        "100ms",
+        "--allow-unknown-source",
+    ]);
     ns.enter(|| {
         serve_tag("127.0.0.5:9101", "first");
         serve_tag("127.0.0.5:9102", "second");

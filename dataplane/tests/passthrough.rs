@@ -408,7 +408,8 @@ fn original_dst_across_veth_ipv4_and_ipv6() {
 }
 
 /// Inbound capture: traffic arriving at the workload's namespace for port
-/// 8080 is REDIRECTed to 15006 and delivered to the app by ringway.
+/// 8080 is REDIRECTed to 15006 and delivered to the app (a local workload)
+/// by ringway.
 #[test]
 fn inbound_passthrough_redirect() {
     let client = NetNs::new("icl");
@@ -450,7 +451,21 @@ fn inbound_passthrough_redirect() {
              }}
          }}"
     ));
-    let rw = node.ringway(&[]);
+    // Inbound traffic is delivered to local workloads only.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::write_config(
+        dir.path(),
+        "app.yaml",
+        r#"
+workloads:
+- uid: app
+  name: app
+  namespace: default
+  workloadIps: ["10.249.0.2"]
+  protocol: TCP
+"#,
+    );
+    let rw = node.ringway(&["--config", cfg.to_str().unwrap()]);
     let app = node.enter(|| TcpListener::bind("10.249.0.2:8080").unwrap());
     let app_thread = thread::spawn(move || {
         let (mut s, _) = app.accept().unwrap();

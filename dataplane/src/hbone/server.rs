@@ -5,7 +5,10 @@
 //! Phases, each with one failure response: pick the local workload and its
 //! certificate (none → close), TLS + HTTP/2 handshakes (bounded by
 //! `--handshake-timeout`), then per stream: validate the request (400),
-//! find the workload and connect (503), answer 200 and pump bytes.
+//! find the local workload (503), authorize the peer identity (401, and
+//! nothing reaches the application), connect (503), answer 200 and pump
+//! bytes until either side ends or a later config denies the stream (late
+//! rejection: the stream is reset).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,6 +18,8 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
+
+use crate::authorization::{self, Inbound, Refused, Ticket};
 
 use super::{pump, with_timeout, PumpOutcome};
 use crate::accesslog::ConnLog;
@@ -26,7 +31,11 @@ use crate::stream::FdStream;
 /// Serves one TCP connection accepted on 15008.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let fd = conn.as_raw_fd();
-    log.src = socket::peer_addr(fd).ok();
+    let conn_src = match socket::peer_addr(fd) {
+        Ok(a) => a,
+        Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
+    };
+    log.src = Some(conn_src);
     log.route = "hbone_connection";
     let dst = match socket::captured_dst(fd, true) {
         Ok(d) => d,
@@ -37,7 +46,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     // The certificate is the dialled workload's own: choose it by IP.
     let id = {
         let snap = core.snapshot();
-        let Some(workload) = snap.workload_by_addr(&core.cfg.network, dst.ip()) else {
+        let Some(workload) = authorization::local_workload(&snap, &core.cfg, dst.ip()) else {
             socket::set_reset_on_close(fd);
             return log.fail(format!(
                 "no local workload at {}: no certificate to present",
@@ -65,7 +74,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         Some(Ok(s)) => s,
     };
     let peer = match super::peer_identity(tls_stream.get_ref().1, "client") {
-        Ok(p) => p,
+        Ok(p) => Rc::new(p),
         Err(e) => return log.fail(format!("client identity: {e}")),
     };
     log.src_identity = Some(peer.to_string());
@@ -114,7 +123,8 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
             Some(Some(Ok((request, respond)))) => {
                 streams += 1;
                 let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
-                if let Some(tunnel) = admit(&core, dst, &peer, request, respond, stream_log) {
+                let tunnel = admit(&core, conn_src, dst, &peer, request, respond, stream_log);
+                if let Some(tunnel) = tunnel {
                     spawn_cancellable(&core, tunnel);
                 }
             }
@@ -136,14 +146,16 @@ fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
     let _ = respond.send_response(resp, true);
 }
 
-/// One CONNECT stream: validates it where it arrives (no await needed) and
-/// returns the task that connects to the local workload, answers 200 and
-/// pumps; None when it was answered 400/503 and logged. Split this way so
-/// an open tunnel's task does not keep the request (headers, URI) alive.
+/// One CONNECT stream: validates and authorizes it where it arrives (no
+/// await needed) and returns the task that connects to the local workload,
+/// answers 200 and pumps; None when it was answered 400/401/503 and logged.
+/// Split this way so an open tunnel's task does not keep the request
+/// (headers, URI) alive.
 fn admit(
     core: &Rc<CoreInputs>,
+    conn_src: SocketAddr,
     conn_dst: SocketAddr,
-    peer: &Identity,
+    peer: &Rc<Identity>,
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
     mut log: ConnLog,
@@ -177,6 +189,15 @@ fn admit(
         }
     };
     log.dst = Some(target);
+    // A tunnel into ringway's own listeners (say pod:15008) would only
+    // come back here: refused, as ztunnel refuses it.
+    if core.self_addrs.ports.contains(&target.port()) {
+        reply(&mut respond, StatusCode::BAD_REQUEST);
+        return refused(
+            log,
+            format!("400: {target} is one of ringway's own listener ports (self call)"),
+        );
+    }
     if target.ip() != conn_dst.ip() {
         reply(&mut respond, StatusCode::BAD_REQUEST);
         return refused(
@@ -188,20 +209,31 @@ fn admit(
             ),
         );
     }
-    let known = core
-        .snapshot()
-        .workload_by_addr(&core.cfg.network, target.ip())
-        .is_some();
-    if !known {
-        reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
-        return refused(log, format!("503: no local workload at {}", target.ip()));
-    }
+    // The policies see the tunnel's own peer address (not `forwarded`,
+    // which the client writes) and the application port.
+    let inbound = Inbound {
+        src: conn_src.ip(),
+        dst: target,
+        peer: Some(peer.clone()),
+    };
+    let ticket = match authorization::admit(&core.admitted, &core.snapshot(), &core.cfg, inbound) {
+        Ok(t) => t,
+        Err(refusal @ Refused::NotLocal(_)) => {
+            reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+            return refused(log, format!("503: {refusal}"));
+        }
+        Err(refusal @ Refused::Denied(_)) => {
+            reply(&mut respond, StatusCode::UNAUTHORIZED);
+            return refused(log, format!("401: {refusal}"));
+        }
+    };
     Some(tunnel(
         core.clone(),
         target,
         respond,
         request.into_body(),
         log,
+        ticket,
     ))
 }
 
@@ -211,13 +243,33 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
     None
 }
 
-/// An admitted CONNECT stream: connect to the local workload, 200, pump.
+/// An admitted CONNECT stream: connect to the local workload, 200, pump;
+/// until the end, or until a later config denies it (then the stream and
+/// the upstream socket are dropped: h2 resets the stream).
 async fn tunnel(
     core: Rc<CoreInputs>,
     target: SocketAddr,
-    mut respond: SendResponse<Bytes>,
+    respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     mut log: ConnLog,
+    ticket: Ticket,
+) {
+    log.upstream = Some(target);
+    let log = &log;
+    let carried = carry(&core, target, respond, recv, log);
+    let revoked = async {
+        let why = ticket.revoked().await;
+        log.fail(format!("closed: {why}"));
+    };
+    futures_lite::future::or(carried, revoked).await;
+}
+
+async fn carry(
+    core: &CoreInputs,
+    target: SocketAddr,
+    mut respond: SendResponse<Bytes>,
+    recv: h2::RecvStream,
+    log: &ConnLog,
 ) {
     let upstream = match socket::connect(&core.poller, target, core.cfg.connect).await {
         Ok(s) => s,
@@ -226,7 +278,6 @@ async fn tunnel(
             return log.fail(format!("503: connect to {target} failed: {e}"));
         }
     };
-    log.upstream = Some(target);
     let resp = Response::builder()
         .status(StatusCode::OK)
         .body(())

@@ -213,12 +213,18 @@ impl Ringway {
         }
         if own_config && !extra.contains(&"--config") && !extra.contains(&"--xds-address") {
             // Not the embedded default: its 127.0.0.1 is an HBONE workload.
+            // An empty mesh knows no sources, so let them out as plain TCP
+            // (the lab opt-out): these tests are about moving bytes. Tests
+            // of the mesh's rules pass their own --config.
             let cfg = write_config(
                 dir.path(),
                 "empty.yaml",
                 "workloads: []\nservices: []\npolicies: []\n",
             );
             cmd.arg("--config").arg(cfg);
+            if !extra.contains(&"--allow-unknown-source") {
+                cmd.arg("--allow-unknown-source");
+            }
         }
         cmd.args(extra)
             .env("RUST_LOG", "info")
@@ -293,6 +299,27 @@ impl Ringway {
             .into_iter()
             .filter(|v| v["target"] == "access")
             .collect()
+    }
+
+    /// Waits for a log line (any target) matching `pred`; `what` names it
+    /// in the failure message.
+    pub fn wait_log(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(l) = self.logs().into_iter().find(|l| pred(l)) {
+                return l;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line for {what}: {:#?}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until at least `n` access-log lines exist.
@@ -435,6 +462,20 @@ pub fn serve_tag(addr: &'static str, tag: &'static str) {
             let _ = s.write_all(tag.as_bytes());
         }
     });
+}
+
+/// [`ask`] from the local address `src` (a workload's, so that ringway
+/// knows the source).
+pub fn ask_from(src: &str, addr: &str) -> std::io::Result<String> {
+    use std::io::Read;
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&std::net::SocketAddr::new(src.parse().unwrap(), 0).into())?;
+    sock.connect(&addr.parse::<std::net::SocketAddr>().unwrap().into())?;
+    let mut c: std::net::TcpStream = sock.into();
+    c.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut s = String::new();
+    c.read_to_string(&mut s)?;
+    Ok(s)
 }
 
 /// Connects to `addr` and reads everything until the peer closes.

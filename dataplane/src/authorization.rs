@@ -1,0 +1,366 @@
+//! Inbound authorization on a core: every path that delivers traffic to a
+//! local workload (HBONE 15008, plaintext 15006, and any in-process path
+//! added later) asks [`admit`] before a byte reaches the application, and
+//! keeps the [`Ticket`] it gets for the connection's life.
+//!
+//! Late rejection: the core registers every admitted connection. When a new
+//! snapshot arrives, [`Registry::recheck`] decides each again whose
+//! destination workload or policy set changed, and revokes the ones now
+//! denied; the connection's task sees [`Ticket::revoked`] resolve, drops
+//! its sockets (an HBONE stream is reset) and logs why. Everything is
+//! core-local: no locks, no cross-core traffic.
+//!
+//! The decision itself (which policies, in which order, what matches) is
+//! [`ringway_controlplane::model::authz`]; this module only feeds it and
+//! acts on the verdict.
+
+use std::cell::{Cell, RefCell};
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+
+use ringway_controlplane::model::authz::{Conn, DryRun};
+use ringway_controlplane::model::identity::Identity;
+use ringway_controlplane::model::Workload;
+use ringway_controlplane::Snapshot;
+use slab::Slab;
+
+use crate::config::ProxyConfig;
+
+/// The workload at `ip` if this node serves it: on this node's network
+/// and, when `--node-name` is set, on this node.
+pub fn local_workload<'s>(
+    snap: &'s Snapshot,
+    cfg: &ProxyConfig,
+    ip: IpAddr,
+) -> Option<&'s Arc<Workload>> {
+    snap.workload_by_addr(&cfg.network, ip)
+        .filter(|w| cfg.node_name.as_ref().is_none_or(|n| w.node == *n))
+}
+
+/// An inbound connection as authorization sees it.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// The TCP peer (for HBONE, the tunnel's, not `forwarded`'s).
+    pub src: IpAddr,
+    /// The destination workload's address and the application port.
+    pub dst: SocketAddr,
+    /// The mTLS peer; None for plaintext.
+    pub peer: Option<Rc<Identity>>,
+}
+
+impl Inbound {
+    fn conn(&self) -> Conn<'_> {
+        Conn {
+            src: self.src,
+            dst: self.dst,
+            peer: self.peer.as_deref(),
+        }
+    }
+}
+
+/// Why a connection may not reach its destination.
+#[derive(Debug)]
+pub enum Refused {
+    /// No local workload at the destination address.
+    NotLocal(IpAddr),
+    /// The policies said no; the text names the deciding policy
+    /// (`explicitly denied by ns/name`, `allow policies exist, but none
+    /// allowed`, ...).
+    Denied(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::NotLocal(ip) => write!(f, "no local workload at {ip}"),
+            Refused::Denied(why) => write!(f, "authorization policy: {why}"),
+        }
+    }
+}
+
+/// Decides `conn` against `snap`: the destination must be a local workload
+/// and its policies must allow the connection. Dry-run outcomes are logged
+/// (target `authz`).
+pub fn decide(snap: &Snapshot, cfg: &ProxyConfig, conn: &Inbound) -> Result<(), Refused> {
+    let workload =
+        local_workload(snap, cfg, conn.dst.ip()).ok_or(Refused::NotLocal(conn.dst.ip()))?;
+    let verdict = snap.authorize(workload, &conn.conn(), &mut |d| log_dry_run(&d, conn));
+    match verdict {
+        v if v.allowed() => Ok(()),
+        v => Err(Refused::Denied(v.to_string())),
+    }
+}
+
+fn log_dry_run(d: &DryRun<'_>, conn: &Inbound) {
+    let policy = match d {
+        DryRun::DenyMatch(p) | DryRun::AllowMatch(p) => p.key(),
+        DryRun::NoAllowMatch => "-",
+    };
+    let message = match d {
+        DryRun::DenyMatch(_) => "dry-run: deny policy match",
+        DryRun::AllowMatch(_) => "dry-run: allow policy match",
+        DryRun::NoAllowMatch => "dry-run: no allow policies match",
+    };
+    let peer = conn.peer.as_deref().map(ToString::to_string);
+    tracing::info!(
+        target: "authz",
+        policy,
+        src = %conn.src,
+        dst = %conn.dst,
+        src_identity = peer.as_deref().unwrap_or("-"),
+        "{message}"
+    );
+}
+
+/// Admits `conn` on this core: decides it against the core's current
+/// snapshot and, if allowed, registers it for late rejection.
+pub fn admit(
+    registry: &Rc<Registry>,
+    snap: &Snapshot,
+    cfg: &ProxyConfig,
+    conn: Inbound,
+) -> Result<Ticket, Refused> {
+    decide(snap, cfg, &conn)?;
+    let key = registry.conns.borrow_mut().insert(Tracked {
+        conn,
+        revoked: None,
+        waker: None,
+    });
+    Ok(Ticket {
+        registry: registry.clone(),
+        key,
+    })
+}
+
+/// One admitted connection.
+struct Tracked {
+    conn: Inbound,
+    /// Set when a later snapshot denies it: why.
+    revoked: Option<String>,
+    /// The connection's task, waiting in [`Ticket::revoked`].
+    waker: Option<Waker>,
+}
+
+/// This core's admitted inbound connections.
+#[derive(Default)]
+pub struct Registry {
+    conns: RefCell<Slab<Tracked>>,
+    /// Connections closed by late rejection since start.
+    late_rejections: Cell<u64>,
+}
+
+/// What one [`Registry::recheck`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recheck {
+    /// Decided again (their destination or the policies changed).
+    pub checked: usize,
+    /// Revoked: now denied.
+    pub revoked: usize,
+}
+
+impl Registry {
+    /// Connections open (admitted and not yet closed).
+    pub fn len(&self) -> usize {
+        self.conns.borrow().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Connections closed by late rejection since start.
+    pub fn late_rejections(&self) -> u64 {
+        self.late_rejections.get()
+    }
+
+    /// Decides again, against `new`, every open connection whose verdict
+    /// may differ from the one `old` gave: all of them when the policy set
+    /// changed, else those whose destination workload changed. Revokes the
+    /// ones now refused; their tasks close them.
+    pub fn recheck(&self, old: &Snapshot, new: &Snapshot, cfg: &ProxyConfig) -> Recheck {
+        let policies_changed = old.policy_epoch() != new.policy_epoch();
+        let mut out = Recheck::default();
+        let mut conns = self.conns.borrow_mut();
+        for (_, t) in conns.iter_mut() {
+            if t.revoked.is_some() {
+                continue;
+            }
+            let ip = t.conn.dst.ip();
+            if !policies_changed {
+                let before = local_workload(old, cfg, ip);
+                let after = local_workload(new, cfg, ip);
+                let same = match (before, after) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if same {
+                    continue;
+                }
+            }
+            out.checked += 1;
+            if let Err(refused) = decide(new, cfg, &t.conn) {
+                out.revoked += 1;
+                t.revoked = Some(format!("late rejection: {refused}"));
+                if let Some(w) = t.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+        self.late_rejections
+            .set(self.late_rejections.get() + out.revoked as u64);
+        out
+    }
+}
+
+/// An admitted connection's registration; dropping it (when the
+/// connection ends) unregisters it.
+pub struct Ticket {
+    registry: Rc<Registry>,
+    key: usize,
+}
+
+impl Ticket {
+    /// Resolves, with the reason, once a later snapshot denies the
+    /// connection; pending for as long as it stays allowed.
+    pub async fn revoked(&self) -> String {
+        futures_lite::future::poll_fn(|cx| {
+            let mut conns = self.registry.conns.borrow_mut();
+            let t = &mut conns[self.key];
+            if let Some(why) = &t.revoked {
+                return Poll::Ready(why.clone());
+            }
+            if !t.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                t.waker = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.registry.conns.borrow_mut().remove(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringway_controlplane::sources::local::load_snapshot;
+
+    fn cfg(node: Option<&str>) -> ProxyConfig {
+        let mut c = ProxyConfig::from_args(&crate::config::test_args());
+        c.node_name = node.map(str::to_owned);
+        c
+    }
+
+    const BASE: &str = r#"
+workloads:
+- uid: srv
+  name: srv
+  namespace: shop
+  serviceAccount: srv
+  workloadIps: ["10.0.0.2"]
+  protocol: HBONE
+  node: node-b
+- uid: elsewhere
+  name: elsewhere
+  namespace: shop
+  workloadIps: ["10.0.0.3"]
+  protocol: HBONE
+  node: node-c
+"#;
+
+    fn snap(policies: &str) -> Snapshot {
+        load_snapshot(&format!("{BASE}{policies}"), "test").unwrap()
+    }
+
+    const DENY_BOB: &str = r#"
+policies:
+- name: deny-bob
+  namespace: shop
+  scope: Namespace
+  action: Deny
+  rules: [[[ {principals: [{exact: "cluster.local/ns/b/sa/bob"}]} ]]]
+"#;
+
+    fn from(peer: &str, dst: &str) -> Inbound {
+        Inbound {
+            src: "10.0.0.1".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            peer: Some(Rc::new(peer.parse().unwrap())),
+        }
+    }
+
+    const ALICE: &str = "spiffe://cluster.local/ns/a/sa/alice";
+    const BOB: &str = "spiffe://cluster.local/ns/b/sa/bob";
+
+    #[test]
+    fn decides_local_workloads_only() {
+        let s = snap(DENY_BOB);
+        let c = cfg(Some("node-b"));
+        assert!(decide(&s, &c, &from(ALICE, "10.0.0.2:80")).is_ok());
+        let denied = decide(&s, &c, &from(BOB, "10.0.0.2:80")).unwrap_err();
+        assert_eq!(
+            denied.to_string(),
+            "authorization policy: explicitly denied by shop/deny-bob"
+        );
+        // On another node: not ours to serve.
+        assert!(matches!(
+            decide(&s, &c, &from(ALICE, "10.0.0.3:80")),
+            Err(Refused::NotLocal(_))
+        ));
+        assert!(decide(&s, &cfg(None), &from(ALICE, "10.0.0.3:80")).is_ok());
+        assert!(matches!(
+            decide(&s, &c, &from(ALICE, "10.0.0.9:80")),
+            Err(Refused::NotLocal(_))
+        ));
+    }
+
+    #[test]
+    fn recheck_revokes_what_a_new_snapshot_denies() {
+        let registry = Rc::new(Registry::default());
+        let c = cfg(None);
+        let open = snap("policies: []\n");
+        let alice = admit(&registry, &open, &c, from(ALICE, "10.0.0.2:80")).unwrap();
+        let bob = admit(&registry, &open, &c, from(BOB, "10.0.0.2:80")).unwrap();
+        assert_eq!(registry.len(), 2);
+
+        // Same policies, same workloads: nothing to decide again.
+        let same = open.clone();
+        assert_eq!(registry.recheck(&open, &same, &c), Recheck::default());
+
+        let strict = snap(DENY_BOB);
+        let r = registry.recheck(&open, &strict, &c);
+        assert_eq!(
+            r,
+            Recheck {
+                checked: 2,
+                revoked: 1
+            }
+        );
+        assert_eq!(registry.late_rejections(), 1);
+        let why = futures_lite::future::block_on(bob.revoked());
+        assert_eq!(
+            why,
+            "late rejection: authorization policy: explicitly denied by shop/deny-bob"
+        );
+        // Alice stays allowed: her revocation never resolves.
+        let pending = futures_lite::future::block_on(futures_lite::future::poll_once(
+            std::pin::pin!(alice.revoked()),
+        ));
+        assert!(pending.is_none());
+
+        // The destination workload disappears (in a fresh build, which
+        // also takes a new policy epoch): Alice's connection closes too.
+        let gone = load_snapshot(&format!("workloads: []\n{DENY_BOB}"), "test").unwrap();
+        let r = registry.recheck(&strict, &gone, &c);
+        assert_eq!(r.revoked, 1, "{r:?}");
+        drop((alice, bob));
+        assert!(registry.is_empty());
+    }
+}

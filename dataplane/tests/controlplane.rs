@@ -277,3 +277,86 @@ fn on_demand_lookup_resolves_unknown_destination() {
     let log = &rw.wait_access_logs(1)[0];
     assert_eq!(log["route"], "service", "{log}");
 }
+
+/// Late rejection through xDS: a live tunnel between the two mesh workloads
+/// is closed when istiod (here ringway-devcp) pushes a policy that denies
+/// it; a tunnel the policy does not cover stays up.
+#[test]
+fn pushed_policy_closes_a_live_tunnel() {
+    let rig = Rig::new("xlate", 9321);
+    let echo = |addr: &'static str| {
+        rig.ns.enter(move || {
+            let l = std::net::TcpListener::bind(addr).unwrap();
+            thread::spawn(move || {
+                for s in l.incoming() {
+                    let Ok(mut s) = s else { return };
+                    thread::spawn(move || {
+                        let mut buf = [0u8; 1024];
+                        while let Ok(n) = s.read(&mut buf) {
+                            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+        })
+    };
+    echo("127.0.0.2:9322");
+    echo("127.0.0.2:9323");
+    let rw = rig.ringway(&[]);
+    wait_ready(&rig.ns, &rw);
+    let open = |port: u16| {
+        rig.ns.enter(move || {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.bind(&SocketAddr::new(CLIENT.parse().unwrap(), 0).into())
+                .unwrap();
+            sock.connect(&SocketAddr::from(([127, 0, 0, 2], port)).into())
+                .unwrap();
+            let mut c: TcpStream = sock.into();
+            c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            c.write_all(b"ping").unwrap();
+            let mut got = [0u8; 4];
+            c.read_exact(&mut got).unwrap();
+            c
+        })
+    };
+    let mut doomed = open(9322);
+    let mut spared = open(9323);
+
+    // The control plane learns a policy denying the client on 9322.
+    let policy = r#"policies:
+- name: deny-client-9322
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules: [[[ {principals: [{exact: "cluster.local/ns/default/sa/client"}], destinationPorts: [9322]} ]]]
+"#;
+    let pushed = Instant::now();
+    std::fs::write(&rig.config, format!("{}{policy}", mesh(9321))).unwrap();
+    let r = doomed.read(&mut [0u8; 16]);
+    assert!(common::peer_closed(&r), "still open: {r:?}");
+    let took = pushed.elapsed();
+    // The dev control plane polls its file every 100 ms; the rest is the
+    // push, the snapshot and the close.
+    assert!(
+        took < Duration::from_secs(3),
+        "closed {took:?} after the edit"
+    );
+    spared.write_all(b"alive").unwrap();
+    let mut got = [0u8; 5];
+    spared.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"alive");
+    let closed = rw.wait_log("the late rejection", |l| {
+        l["target"] == "access"
+            && l["path"] == "inbound"
+            && l["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("closed: late rejection"))
+    });
+    assert_eq!(
+        closed["error"],
+        "closed: late rejection: authorization policy: explicitly denied by default/deny-client-9322"
+    );
+}

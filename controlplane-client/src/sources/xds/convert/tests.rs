@@ -473,3 +473,53 @@ fn host_network_workloads_have_no_aliases() {
     assert!(workload_aliases(&w).is_empty());
     assert_eq!(address_key("", ip("10.0.0.1")), "/10.0.0.1");
 }
+
+/// istiod's policy for STRICT PeerAuthentication, built the way it sends
+/// it (a WORKLOAD_SELECTOR DENY in the root namespace whose only match is
+/// `not_principals: [presence]`), decodes into a policy that refuses
+/// plaintext and admits any mTLS peer.
+#[test]
+fn istiods_strict_policy_refuses_plaintext() {
+    use crate::model::authz::{authorize, CompiledPolicy, Conn, Selected};
+    let wire = spb::Authorization {
+        name: "istio_converted_static_strict".into(),
+        namespace: "istio-system".into(),
+        scope: spb::Scope::WorkloadSelector as i32,
+        action: spb::Action::Deny as i32,
+        rules: vec![spb::Rule {
+            clauses: vec![spb::Clause {
+                matches: vec![spb::Match {
+                    not_principals: vec![spb::StringMatch {
+                        match_type: Some(spb::string_match::MatchType::Presence(())),
+                    }],
+                    ..spb::Match::default()
+                }],
+            }],
+        }],
+        ..spb::Authorization::default()
+    };
+    let res = authorization_resource(&policy_from_proto(wire).unwrap(), "1".into());
+    let policy = decode_authorization_resource(&res).unwrap();
+    assert_eq!(policy.key(), "istio-system/istio_converted_static_strict");
+    let compiled = vec![std::sync::Arc::new(CompiledPolicy::compile(&policy))];
+    let named = vec![policy.key()];
+    let selected = Selected {
+        namespace: &[],
+        global: &[],
+        named: &named,
+        table: &compiled,
+    };
+    let peer: crate::model::identity::Identity =
+        "spiffe://cluster.local/ns/a/sa/alice".parse().unwrap();
+    let conn = |peer| Conn {
+        src: ip("10.0.0.1"),
+        dst: "10.0.0.2:8080".parse().unwrap(),
+        peer,
+    };
+    let plaintext = authorize(&selected, &conn(None), &mut |_| {});
+    assert_eq!(
+        plaintext.to_string(),
+        "explicitly denied by istio-system/istio_converted_static_strict"
+    );
+    assert!(authorize(&selected, &conn(Some(&peer)), &mut |_| {}).allowed());
+}

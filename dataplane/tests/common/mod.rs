@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod nodes;
+pub mod ztunnel;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};

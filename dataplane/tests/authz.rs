@@ -178,11 +178,14 @@ fn strict_mtls_refuses_plaintext_and_admits_hbone() {
     other.set_nonblocking(true).unwrap();
 
     let (plain, stray) = in_netns(&nodes.a.name, || {
-        let probe = |dst: &str| {
-            let mut c = plaintext(dst).expect("the capture accepts the connection");
-            let _ = c.write_all(b"hello in plaintext");
-            let r = c.read(&mut [0u8; 64]);
-            peer_closed(&r)
+        // The refusal may reset the connection before connect() returns.
+        let probe = |dst: &str| match plaintext(dst) {
+            Ok(mut c) => {
+                let _ = c.write_all(b"hello in plaintext");
+                let r = c.read(&mut [0u8; 64]);
+                peer_closed(&r)
+            }
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
         };
         (
             probe(&format!("{SERVER_IP}:9000")),
@@ -288,10 +291,11 @@ fn late_rejection_closes_a_live_tunnel_after_a_config_edit() {
     );
     assert_eq!(closed["src_identity"], CLIENT_ID);
     assert_eq!(closed["dst"], format!("{SERVER_IP}:9000"));
+    // Per core: the core holding the doomed tunnel checked it and closed it.
     let summary = nodes.b().wait_log("the re-check summary", |l| {
         l["closed"] == 1 && l["late_rejections"].as_u64().is_some()
     });
-    assert!(summary["checked"].as_u64().unwrap() >= 2, "{summary}");
+    assert!(summary["checked"].as_u64().unwrap() >= 1, "{summary}");
     // New connections as the client to 9000 are refused from now on.
     let again = in_netns(&nodes.a.name, || {
         let mut c = connect_from_client(&format!("{SERVER_IP}:9000")).unwrap();

@@ -493,22 +493,7 @@ impl Node {
 fn issue_identities(ca: &Path, dir: &Path) -> Vec<PathBuf> {
     IDENTITIES
         .iter()
-        .map(|(name, id)| {
-            let out = dir.join(name);
-            let o = std::process::Command::new(common::ringway_bin())
-                .args(["cert", "issue", id, "--ca-dir"])
-                .arg(ca)
-                .arg("--out")
-                .arg(&out)
-                .output()
-                .unwrap();
-            assert!(
-                o.status.success(),
-                "cert issue {id}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            out
-        })
+        .map(|(name, id)| common::issue_cert(ca, id, dir.join(name), "24h"))
         .collect()
 }
 

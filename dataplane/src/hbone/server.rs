@@ -162,10 +162,14 @@ fn admit(
 ) -> Option<impl std::future::Future<Output = ()>> {
     log.route = "hbone";
     log.src_identity = Some(peer.to_string());
+    // The original client as `forwarded` names it, else the tunnel's peer.
     let headers = request.headers();
-    if let Some(f) = headers.get("forwarded").and_then(|v| v.to_str().ok()) {
-        log.src = super::parse_forwarded_for(f).and_then(|a| a.parse().ok());
-    }
+    log.src = headers
+        .get("forwarded")
+        .and_then(|v| v.to_str().ok())
+        .and_then(super::parse_forwarded_for)
+        .and_then(|a| a.parse().ok())
+        .or(Some(conn_src));
     if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         if super::valid_traceparent(t) {
             log.trace = Some(t.to_string());

@@ -373,6 +373,26 @@ impl Drop for Ringway {
     }
 }
 
+/// Mints a certificate for `id` from the CA in `ca` into the new directory
+/// `out` with `ringway cert issue` (key.pem, cert.pem, cert-chain.pem,
+/// root-cert.pem); returns `out`.
+pub fn issue_cert(ca: &Path, id: &str, out: PathBuf, ttl: &str) -> PathBuf {
+    let o = Command::new(ringway_bin())
+        .args(["cert", "issue", id, "--ca-dir"])
+        .arg(ca)
+        .arg("--out")
+        .arg(&out)
+        .args(["--ttl", ttl])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "cert issue {id}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
 /// Writes a local config file into `dir` and returns its path.
 pub fn write_config(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     let p = dir.join(name);

@@ -158,27 +158,7 @@ impl Nodes {
 
     /// Mints a certificate with `ringway cert issue` from `ca` into a new dir.
     pub fn issue(&self, ca: &Path, id: &str, name: &str, ttl: &str) -> PathBuf {
-        let out = self.dir.path().join(name);
-        let o = Command::new(super::ringway_bin())
-            .args([
-                "cert",
-                "issue",
-                id,
-                "--ca-dir",
-                ca.to_str().unwrap(),
-                "--out",
-                out.to_str().unwrap(),
-                "--ttl",
-                ttl,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "cert issue: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        out
+        super::issue_cert(ca, id, self.dir.path().join(name), ttl)
     }
 }
 

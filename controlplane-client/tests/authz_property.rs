@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use ringway_controlplane::model::authz::reference::{self, RefDryRun, RefVerdict};
-use ringway_controlplane::model::authz::{authorize, CompiledPolicy, Conn, Selected, Verdict};
+use ringway_controlplane::model::authz::{
+    authorize, CompiledPolicy, Conn, Listed, Selected, Verdict,
+};
 use ringway_controlplane::model::{
     Cidr, Clause, Match, Policy, PolicyAction, PolicyScope, Rule, ServiceAccountMatch, StringMatch,
 };
@@ -118,8 +120,42 @@ fn a_match() -> impl Strategy<Value = Match> {
         })
 }
 
+/// A match narrowed the way the compiler's prefilter can use: exact
+/// principals, exact namespaces and destination ports, from pools that hit
+/// the probes' identities and ports (so a wrong prefilter shows).
+fn narrow_match() -> impl Strategy<Value = Match> {
+    const PRINCIPALS: &[&str] = &[
+        "cluster.local/ns/a/sa/alice",
+        "cluster.local/ns/b/sa/bob",
+        "cluster.local/ns/a/sa/bob",
+        "other.td/ns/b/sa/carol",
+        "cluster.local/ns/z/sa/nobody",
+    ];
+    let exact = |pool: &'static [&'static str]| {
+        prop_oneof![
+            1 => Just(Vec::new()),
+            3 => prop::collection::vec(
+                prop::sample::select(pool).prop_map(|s| StringMatch::Exact(s.into())),
+                1..=3,
+            ),
+        ]
+    };
+    (
+        exact(PRINCIPALS),
+        exact(&["a", "b", "z", ""]),
+        few(prop::sample::select(PORTS)),
+    )
+        .prop_map(|(principals, namespaces, destination_ports)| Match {
+            principals,
+            namespaces,
+            destination_ports,
+            ..Match::default()
+        })
+}
+
 fn policy(i: usize) -> impl Strategy<Value = Policy> {
-    let clause = prop::collection::vec(a_match(), 0..=3).prop_map(|matches| Clause { matches });
+    let any_match = prop_oneof![a_match(), narrow_match()];
+    let clause = prop::collection::vec(any_match, 0..=3).prop_map(|matches| Clause { matches });
     let rule = prop::collection::vec(clause, 0..=2).prop_map(|clauses| Rule { clauses });
     (
         prop::collection::vec(rule, 0..=3),
@@ -201,9 +237,10 @@ proptest! {
         let third = compiled.len() / 3;
         let named: Vec<String> = compiled[2 * third..].iter().map(|p| p.key().to_owned()).collect();
         let table = compiled.clone();
+        let listed: Vec<Listed> = compiled.iter().cloned().map(Listed::new).collect();
         let selected = Selected {
-            namespace: &compiled[..third],
-            global: &compiled[third..2 * third],
+            namespace: &listed[..third],
+            global: &listed[third..2 * third],
             named: &named,
             table: &table,
         };

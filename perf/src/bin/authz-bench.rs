@@ -198,7 +198,7 @@ fn measure(snap: &Snapshot, shape: &Shape, peer: &Identity, s: &Settings) -> Row
         .namespace
         .iter()
         .chain(selected.global)
-        .map(|p| &**snap.policy(p.key()).expect("a readable policy"))
+        .map(|p| &**snap.policy(p.policy().key()).expect("a readable policy"))
         .collect();
 
     let mut dry_runs = 0;

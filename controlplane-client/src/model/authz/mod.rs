@@ -31,6 +31,8 @@
 //!   arrives: they never widen access.
 
 mod compile;
+mod facts;
+mod prefilter;
 pub mod reference;
 #[cfg(test)]
 mod tests;
@@ -43,7 +45,8 @@ use crate::model::identity::Identity;
 use crate::model::PolicyAction;
 
 pub use compile::CompiledPolicy;
-use compile::{Facts, Ip};
+use facts::Facts;
+use prefilter::Prefilter;
 
 /// What the policies see of one connection.
 #[derive(Debug, Clone, Copy)]
@@ -67,12 +70,73 @@ impl Conn<'_> {
     }
 
     fn facts(&self) -> Facts<'_> {
-        Facts {
-            src: Ip::new(Self::canonical_ip(self.src)),
-            dst: Ip::new(Self::canonical_ip(self.dst.ip())),
-            port: self.dst.port(),
-            peer: self.peer,
+        Facts::new(
+            Self::canonical_ip(self.src),
+            Self::canonical_ip(self.dst.ip()),
+            self.dst.port(),
+            self.peer,
+        )
+    }
+}
+
+/// One policy in an indexed list (a namespace's, or the global ones): what
+/// a decision needs to skip it (action, dry run, prefilter) is kept inline,
+/// so scanning a list reads one contiguous array and touches only the
+/// policies that may match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    action: PolicyAction,
+    dry_run: bool,
+    filter: Prefilter,
+    policy: Arc<CompiledPolicy>,
+}
+
+impl Listed {
+    pub fn new(policy: Arc<CompiledPolicy>) -> Listed {
+        Listed {
+            action: policy.action(),
+            dry_run: policy.dry_run(),
+            filter: *policy.filter(),
+            policy,
         }
+    }
+
+    pub fn policy(&self) -> &Arc<CompiledPolicy> {
+        &self.policy
+    }
+}
+
+/// A selected policy as a decision sees it.
+#[derive(Clone, Copy)]
+struct Entry<'s> {
+    action: PolicyAction,
+    dry_run: bool,
+    filter: &'s Prefilter,
+    policy: &'s CompiledPolicy,
+}
+
+impl<'s> Entry<'s> {
+    fn listed(l: &'s Listed) -> Self {
+        Entry {
+            action: l.action,
+            dry_run: l.dry_run,
+            filter: &l.filter,
+            policy: &l.policy,
+        }
+    }
+
+    fn named(p: &'s CompiledPolicy) -> Self {
+        Entry {
+            action: p.action(),
+            dry_run: p.dry_run(),
+            filter: p.filter(),
+            policy: p,
+        }
+    }
+
+    #[inline]
+    fn matches(&self, facts: &Facts<'_>) -> bool {
+        self.filter.admits(facts) && self.policy.matches(facts)
     }
 }
 
@@ -80,9 +144,9 @@ impl Conn<'_> {
 /// hands them over: two indexed lists and the workload's own names.
 pub struct Selected<'s> {
     /// The workload's namespace's NAMESPACE-scope policies.
-    pub namespace: &'s [Arc<CompiledPolicy>],
+    pub namespace: &'s [Listed],
     /// The GLOBAL-scope policies.
-    pub global: &'s [Arc<CompiledPolicy>],
+    pub global: &'s [Listed],
     /// The workload's `authorization_policies` ("ns/name").
     pub named: &'s [String],
     /// Where the named policies are looked up.
@@ -104,16 +168,16 @@ impl PolicyTable for Vec<Arc<CompiledPolicy>> {
 
 impl<'s> Selected<'s> {
     /// Every selected policy, in selection order.
-    fn iter(&self) -> impl Iterator<Item = &'s CompiledPolicy> + '_ {
+    fn iter(&self) -> impl Iterator<Item = Entry<'s>> + '_ {
         let table = self.table;
         self.namespace
             .iter()
             .chain(self.global)
-            .map(|p| &**p)
+            .map(Entry::listed)
             .chain(
                 self.named
                     .iter()
-                    .filter_map(move |k| table.get(k).map(|p| &**p)),
+                    .filter_map(move |k| table.get(k).map(|p| Entry::named(p))),
             )
     }
 }
@@ -204,20 +268,20 @@ pub fn authorize<'s>(
     // DENY first. After a denial only dry-run policies are still looked at
     // (they are all reported).
     let mut denied = None;
-    for p in policies.iter() {
-        if p.action() != PolicyAction::Deny {
+    for e in policies.iter() {
+        if e.action != PolicyAction::Deny || (denied.is_some() && !e.dry_run) {
             continue;
         }
-        if p.dry_run() {
-            if p.matches(&facts) {
-                dry_run(DryRun::DenyMatch(p));
-            }
-        } else if denied.is_none() && p.matches(&facts) {
-            denied = Some(if p.unreadable_reason().is_some() {
-                Verdict::DeniedUnreadable(p)
-            } else {
-                Verdict::DeniedBy(p)
-            });
+        if !e.matches(&facts) {
+            continue;
+        }
+        let p = e.policy;
+        if e.dry_run {
+            dry_run(DryRun::DenyMatch(p));
+        } else if p.unreadable_reason().is_some() {
+            denied = Some(Verdict::DeniedUnreadable(p));
+        } else {
+            denied = Some(Verdict::DeniedBy(p));
         }
     }
     if let Some(verdict) = denied {
@@ -225,20 +289,21 @@ pub fn authorize<'s>(
     }
     let (mut allow_policies, mut allowed) = (false, None);
     let (mut dry_allow_policies, mut dry_allow_matched) = (false, false);
-    for p in policies.iter() {
-        if p.action() != PolicyAction::Allow {
+    for e in policies.iter() {
+        if e.action != PolicyAction::Allow {
             continue;
         }
-        if p.dry_run() {
+        if e.dry_run {
             dry_allow_policies = true;
-            if p.matches(&facts) {
+            if e.matches(&facts) {
                 dry_allow_matched = true;
-                dry_run(DryRun::AllowMatch(p));
+                dry_run(DryRun::AllowMatch(e.policy));
             }
         } else {
+            // Counts as an ALLOW policy even when it cannot match.
             allow_policies = true;
-            if allowed.is_none() && p.matches(&facts) {
-                allowed = Some(p);
+            if allowed.is_none() && e.matches(&facts) {
+                allowed = Some(e.policy);
             }
         }
     }

@@ -141,7 +141,7 @@ fn decide(policies: &[Policy], probe: &Probe) -> (String, Vec<String>) {
         .map(|p| Arc::new(CompiledPolicy::compile(p)))
         .collect();
     let selected = Selected {
-        namespace: &compiled,
+        namespace: &listed(&compiled),
         global: &[],
         named: &[],
         table: &Vec::new(),
@@ -173,6 +173,10 @@ fn decide(policies: &[Policy], probe: &Probe) -> (String, Vec<String>) {
         .collect();
     assert_eq!(reports, ref_reports, "dry-run reports disagree");
     (got, reports)
+}
+
+fn listed(policies: &[Arc<CompiledPolicy>]) -> Vec<Listed> {
+    policies.iter().cloned().map(Listed::new).collect()
 }
 
 fn check(rows: Vec<(&str, Vec<Policy>, Probe, Want)>) {
@@ -984,7 +988,7 @@ fn unreadable_policies_deny_and_never_widen() {
     };
     let decide = |list: &[Arc<CompiledPolicy>]| {
         let sel = Selected {
-            namespace: list,
+            namespace: &listed(list),
             global: &[],
             named: &[],
             table: &Vec::new(),
@@ -1045,8 +1049,8 @@ fn selection_order_is_namespace_global_named() {
     };
     let decide = |ns: &[Arc<CompiledPolicy>], global: &[Arc<CompiledPolicy>]| {
         let sel = Selected {
-            namespace: ns,
-            global,
+            namespace: &listed(ns),
+            global: &listed(global),
             named: &named,
             table: &table,
         };

@@ -22,7 +22,7 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::authz::CompiledPolicy;
+use crate::model::authz::{CompiledPolicy, Listed};
 use crate::model::{NetworkMode, Policy, Service, UnreadablePolicy, Workload};
 use policies::PolicyEntry;
 use table::{Hasher, Keyed, Table};
@@ -171,7 +171,7 @@ pub struct Snapshot {
     /// Namespace ("" for GLOBAL scope) → the policies that apply to every
     /// workload in it (never empty), sorted by key. WORKLOAD_SELECTOR
     /// policies are found by name only.
-    policies_by_namespace: Table<Named<Arc<[Arc<CompiledPolicy>]>>>,
+    policies_by_namespace: Table<Named<Arc<[Listed]>>>,
     /// See [`Snapshot::policy_epoch`].
     policy_epoch: u64,
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use super::table::Table;
 use super::{find_named, merge_list, put_list, Builder, Named, Snapshot};
-use crate::model::authz::{self, CompiledPolicy, Conn, DryRun, PolicyTable, Selected, Verdict};
+use crate::model::authz::{
+    self, CompiledPolicy, Conn, DryRun, Listed, PolicyTable, Selected, Verdict,
+};
 use crate::model::{Policy, UnreadablePolicy, Workload};
 
 /// One policy version: the model value (None when the source could not
@@ -46,7 +48,7 @@ impl PolicyTable for Table<Named<PolicyEntry>> {
 /// snapshot of the process, whichever source built it.
 static POLICY_EPOCH: AtomicU64 = AtomicU64::new(1);
 
-const NO_POLICIES: &[Arc<CompiledPolicy>] = &[];
+const NO_POLICIES: &[Listed] = &[];
 
 impl Snapshot {
     /// By "ns/name"; None for an unknown or unreadable policy.
@@ -86,7 +88,13 @@ impl Snapshot {
         let list =
             |ns: &str| find_named(&self.policies_by_namespace, ns).map_or(NO_POLICIES, |l| &l[..]);
         Selected {
-            namespace: list(&workload.namespace),
+            // A workload always has a namespace; were it "", the global
+            // list must not be taken twice.
+            namespace: if workload.namespace.is_empty() {
+                NO_POLICIES
+            } else {
+                list(&workload.namespace)
+            },
             global: list(""),
             named: &workload.authorization_policies,
             table: &self.policies,
@@ -152,12 +160,12 @@ impl Builder {
             let list = merge_list(
                 find_named(&next.policies_by_namespace, ns).map_or(NO_POLICIES, |l| &l[..]),
                 &keys,
-                |p| p.key(),
+                |l| l.policy().key(),
                 |key| {
                     find_named(&next.policies, key)
                         .map(|e| &e.compiled)
                         .filter(|p| p.index_namespace() == Some(ns))
-                        .cloned()
+                        .map(|p| Listed::new(p.clone()))
                 },
             );
             put_list(&mut next.policies_by_namespace, ns, list);

@@ -900,7 +900,7 @@ fn assert_same_lookups(a: &Snapshot, b: &Snapshot) {
         for ns in NAMESPACES.iter().chain(&[""]) {
             let keys = |s: &Snapshot| -> Vec<String> {
                 find_named(&s.policies_by_namespace, ns)
-                    .map(|l| l.iter().map(|p| p.key().to_owned()).collect())
+                    .map(|l| l.iter().map(|p| p.policy().key().to_owned()).collect())
                     .unwrap_or_default()
             };
             assert_eq!(keys(s), keys(other), "policies of namespace {ns:?}");

@@ -66,8 +66,10 @@ pub(super) fn principal(id: &Identity) -> [&str; 5] {
     ]
 }
 
-/// The Bloom bit of the string made of `parts` (FNV-1a over its bytes, so
-/// the parts hash as their concatenation would): one of 64.
+/// The Bloom bit of the string made of `parts`: one of 64. FNV-1a over the
+/// bytes (so the parts hash as their concatenation would), then a 64-bit
+/// finalizer: FNV alone leaves the top bits of short strings alike ("a",
+/// "x" and "y" shared a bit).
 #[inline]
 pub(super) fn bloom_bit(parts: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -77,5 +79,10 @@ pub(super) fn bloom_bit(parts: &[&str]) -> u64 {
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    1 << (h >> 58)
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    1 << (h & 63)
 }

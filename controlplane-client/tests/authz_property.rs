@@ -13,7 +13,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use ringway_controlplane::model::authz::reference::{self, RefDryRun, RefVerdict};
 use ringway_controlplane::model::authz::{
-    authorize, CompiledPolicy, Conn, Listed, Selected, Verdict,
+    authorize, ByAction, CompiledPolicy, Conn, Listed, Selected, Verdict,
 };
 use ringway_controlplane::model::{
     Cidr, Clause, Match, Policy, PolicyAction, PolicyScope, Rule, ServiceAccountMatch, StringMatch,
@@ -237,10 +237,17 @@ proptest! {
         let third = compiled.len() / 3;
         let named: Vec<String> = compiled[2 * third..].iter().map(|p| p.key().to_owned()).collect();
         let table = compiled.clone();
-        let listed: Vec<Listed> = compiled.iter().cloned().map(Listed::new).collect();
+        // As the snapshot indexes them: each list split by action.
+        let split = |part: &[Arc<CompiledPolicy>]| -> (Vec<Listed>, Vec<Listed>) {
+            part.iter()
+                .cloned()
+                .map(Listed::new)
+                .partition(|l| l.policy().action() == PolicyAction::Deny)
+        };
+        let (ns, global) = (split(&compiled[..third]), split(&compiled[third..2 * third]));
         let selected = Selected {
-            namespace: &listed[..third],
-            global: &listed[third..2 * third],
+            namespace: ByAction { deny: &ns.0, allow: &ns.1 },
+            global: ByAction { deny: &global.0, allow: &global.1 },
             named: &named,
             table: &table,
         };

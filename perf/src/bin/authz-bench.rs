@@ -194,11 +194,12 @@ fn measure(snap: &Snapshot, shape: &Shape, peer: &Identity, s: &Settings) -> Row
     // none).
     let selected = snap.policies_for(w);
     assert!(w.authorization_policies.is_empty());
-    let refs: Vec<&Policy> = selected
-        .namespace
+    // The reference splits by action itself and keeps the order within
+    // each action, so each list's parts can come one after the other.
+    let refs: Vec<&Policy> = [selected.namespace, selected.global]
         .iter()
-        .chain(selected.global)
-        .map(|p| &**snap.policy(p.policy().key()).expect("a readable policy"))
+        .flat_map(|lists| lists.deny.iter().chain(lists.allow))
+        .map(|l| &**snap.policy(l.policy().key()).expect("a readable policy"))
         .collect();
 
     let mut dry_runs = 0;

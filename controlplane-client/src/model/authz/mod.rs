@@ -141,16 +141,25 @@ impl<'s> Entry<'s> {
 }
 
 /// The policies that apply to one destination workload, as the snapshot
-/// hands them over: two indexed lists and the workload's own names.
+/// hands them over: two indexed lists, each split by action, and the
+/// workload's own names.
 pub struct Selected<'s> {
     /// The workload's namespace's NAMESPACE-scope policies.
-    pub namespace: &'s [Listed],
+    pub namespace: ByAction<'s>,
     /// The GLOBAL-scope policies.
-    pub global: &'s [Listed],
+    pub global: ByAction<'s>,
     /// The workload's `authorization_policies` ("ns/name").
     pub named: &'s [String],
     /// Where the named policies are looked up.
     pub table: &'s dyn PolicyTable,
+}
+
+/// One indexed list split by action (each part in the list's order): the
+/// DENY pass and the ALLOW pass each read only their own part.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByAction<'s> {
+    pub deny: &'s [Listed],
+    pub allow: &'s [Listed],
 }
 
 /// Policies by key ("ns/name"): the snapshot's policy table.
@@ -167,17 +176,22 @@ impl PolicyTable for Vec<Arc<CompiledPolicy>> {
 }
 
 impl<'s> Selected<'s> {
-    /// Every selected policy, in selection order.
-    fn iter(&self) -> impl Iterator<Item = Entry<'s>> + '_ {
+    /// The selected policies with `action`, in selection order.
+    fn iter(&self, action: PolicyAction) -> impl Iterator<Item = Entry<'s>> + '_ {
         let table = self.table;
-        self.namespace
+        let part = |lists: ByAction<'s>| match action {
+            PolicyAction::Deny => lists.deny,
+            PolicyAction::Allow => lists.allow,
+        };
+        part(self.namespace)
             .iter()
-            .chain(self.global)
+            .chain(part(self.global))
             .map(Entry::listed)
             .chain(
                 self.named
                     .iter()
-                    .filter_map(move |k| table.get(k).map(|p| Entry::named(p))),
+                    .filter_map(move |k| table.get(k).map(|p| Entry::named(p)))
+                    .filter(move |e| e.action == action),
             )
     }
 }
@@ -268,8 +282,8 @@ pub fn authorize<'s>(
     // DENY first. After a denial only dry-run policies are still looked at
     // (they are all reported).
     let mut denied = None;
-    for e in policies.iter() {
-        if e.action != PolicyAction::Deny || (denied.is_some() && !e.dry_run) {
+    for e in policies.iter(PolicyAction::Deny) {
+        if denied.is_some() && !e.dry_run {
             continue;
         }
         if !e.matches(&facts) {
@@ -289,10 +303,7 @@ pub fn authorize<'s>(
     }
     let (mut allow_policies, mut allowed) = (false, None);
     let (mut dry_allow_policies, mut dry_allow_matched) = (false, false);
-    for e in policies.iter() {
-        if e.action != PolicyAction::Allow {
-            continue;
-        }
+    for e in policies.iter(PolicyAction::Allow) {
         if e.dry_run {
             dry_allow_policies = true;
             if e.matches(&facts) {

@@ -140,9 +140,10 @@ fn decide(policies: &[Policy], probe: &Probe) -> (String, Vec<String>) {
         .iter()
         .map(|p| Arc::new(CompiledPolicy::compile(p)))
         .collect();
+    let lists = listed(&compiled);
     let selected = Selected {
-        namespace: &listed(&compiled),
-        global: &[],
+        namespace: lists.by_action(),
+        global: ByAction::default(),
         named: &[],
         table: &Vec::new(),
     };
@@ -175,8 +176,28 @@ fn decide(policies: &[Policy], probe: &Probe) -> (String, Vec<String>) {
     (got, reports)
 }
 
-fn listed(policies: &[Arc<CompiledPolicy>]) -> Vec<Listed> {
-    policies.iter().cloned().map(Listed::new).collect()
+/// A list as the snapshot indexes it: split by action, order kept.
+struct Lists {
+    deny: Vec<Listed>,
+    allow: Vec<Listed>,
+}
+
+impl Lists {
+    fn by_action(&self) -> ByAction<'_> {
+        ByAction {
+            deny: &self.deny,
+            allow: &self.allow,
+        }
+    }
+}
+
+fn listed(policies: &[Arc<CompiledPolicy>]) -> Lists {
+    let (deny, allow) = policies
+        .iter()
+        .cloned()
+        .map(Listed::new)
+        .partition(|l| l.policy().action() == PolicyAction::Deny);
+    Lists { deny, allow }
 }
 
 fn check(rows: Vec<(&str, Vec<Policy>, Probe, Want)>) {
@@ -987,9 +1008,10 @@ fn unreadable_policies_deny_and_never_widen() {
         peer: None,
     };
     let decide = |list: &[Arc<CompiledPolicy>]| {
+        let lists = listed(list);
         let sel = Selected {
-            namespace: &listed(list),
-            global: &[],
+            namespace: lists.by_action(),
+            global: ByAction::default(),
             named: &[],
             table: &Vec::new(),
         };
@@ -1048,9 +1070,10 @@ fn selection_order_is_namespace_global_named() {
         peer: None,
     };
     let decide = |ns: &[Arc<CompiledPolicy>], global: &[Arc<CompiledPolicy>]| {
+        let (ns, global) = (listed(ns), listed(global));
         let sel = Selected {
-            namespace: &listed(ns),
-            global: &listed(global),
+            namespace: ns.by_action(),
+            global: global.by_action(),
             named: &named,
             table: &table,
         };

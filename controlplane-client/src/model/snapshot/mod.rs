@@ -169,9 +169,10 @@ pub struct Snapshot {
     /// need not be known services: a workload may arrive before its service.
     endpoints: Table<Named<Arc<[Arc<Workload>]>>>,
     /// Namespace ("" for GLOBAL scope) → the policies that apply to every
-    /// workload in it (never empty), sorted by key. WORKLOAD_SELECTOR
-    /// policies are found by name only.
-    policies_by_namespace: Table<Named<Arc<[Listed]>>>,
+    /// workload in it (never empty), sorted by key: DENY ones at `[0]`,
+    /// ALLOW ones at `[1]` (a decision reads them in two passes).
+    /// WORKLOAD_SELECTOR policies are found by name only.
+    policies_by_namespace: [Table<Named<Arc<[Listed]>>>; 2],
     /// See [`Snapshot::policy_epoch`].
     policy_epoch: u64,
 }

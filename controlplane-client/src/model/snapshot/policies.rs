@@ -9,8 +9,9 @@ use std::sync::Arc;
 use super::table::Table;
 use super::{find_named, merge_list, put_list, Builder, Named, Snapshot};
 use crate::model::authz::{
-    self, CompiledPolicy, Conn, DryRun, Listed, PolicyTable, Selected, Verdict,
+    self, ByAction, CompiledPolicy, Conn, DryRun, Listed, PolicyTable, Selected, Verdict,
 };
+use crate::model::PolicyAction;
 use crate::model::{Policy, UnreadablePolicy, Workload};
 
 /// One policy version: the model value (None when the source could not
@@ -85,17 +86,22 @@ impl Snapshot {
     /// The policies that apply to `workload`: its namespace's, the global
     /// ones and those it names.
     pub fn policies_for<'s>(&'s self, workload: &'s Workload) -> Selected<'s> {
-        let list =
-            |ns: &str| find_named(&self.policies_by_namespace, ns).map_or(NO_POLICIES, |l| &l[..]);
+        let lists = |ns: &str| {
+            let [deny, allow] = self
+                .policies_by_namespace
+                .each_ref()
+                .map(|t| find_named(t, ns).map_or(NO_POLICIES, |l| &l[..]));
+            ByAction { deny, allow }
+        };
         Selected {
             // A workload always has a namespace; were it "", the global
-            // list must not be taken twice.
+            // lists must not be taken twice.
             namespace: if workload.namespace.is_empty() {
-                NO_POLICIES
+                ByAction::default()
             } else {
-                list(&workload.namespace)
+                lists(&workload.namespace)
             },
-            global: list(""),
+            global: lists(""),
             named: &workload.authorization_policies,
             table: &self.policies,
         }
@@ -157,18 +163,24 @@ impl Builder {
         for group in touched.chunk_by(|a, b| a.0 == b.0) {
             let ns = group[0].0;
             let keys: Vec<&str> = group.iter().map(|(_, key)| *key).collect();
-            let list = merge_list(
-                find_named(&next.policies_by_namespace, ns).map_or(NO_POLICIES, |l| &l[..]),
-                &keys,
-                |l| l.policy().key(),
-                |key| {
-                    find_named(&next.policies, key)
-                        .map(|e| &e.compiled)
-                        .filter(|p| p.index_namespace() == Some(ns))
-                        .map(|p| Listed::new(p.clone()))
-                },
-            );
-            put_list(&mut next.policies_by_namespace, ns, list);
+            for (i, action) in [PolicyAction::Deny, PolicyAction::Allow]
+                .into_iter()
+                .enumerate()
+            {
+                let index = &next.policies_by_namespace[i];
+                let list = merge_list(
+                    find_named(index, ns).map_or(NO_POLICIES, |l| &l[..]),
+                    &keys,
+                    |l| l.policy().key(),
+                    |key| {
+                        find_named(&next.policies, key)
+                            .map(|e| &e.compiled)
+                            .filter(|p| p.index_namespace() == Some(ns) && p.action() == action)
+                            .map(|p| Listed::new(p.clone()))
+                    },
+                );
+                put_list(&mut next.policies_by_namespace[i], ns, list);
+            }
         }
     }
 }

@@ -480,7 +480,7 @@ fn host_network_workloads_have_no_aliases() {
 /// plaintext and admits any mTLS peer.
 #[test]
 fn istiods_strict_policy_refuses_plaintext() {
-    use crate::model::authz::{authorize, CompiledPolicy, Conn, Selected};
+    use crate::model::authz::{authorize, ByAction, CompiledPolicy, Conn, Selected};
     let wire = spb::Authorization {
         name: "istio_converted_static_strict".into(),
         namespace: "istio-system".into(),
@@ -504,8 +504,8 @@ fn istiods_strict_policy_refuses_plaintext() {
     let compiled = vec![std::sync::Arc::new(CompiledPolicy::compile(&policy))];
     let named = vec![policy.key()];
     let selected = Selected {
-        namespace: &[],
-        global: &[],
+        namespace: ByAction::default(),
+        global: ByAction::default(),
         named: &named,
         table: &compiled,
     };

@@ -36,6 +36,9 @@ const ADDRESSES: &[&str] = &[
     "::ffff:10.0.1.5",
 ];
 const PORTS: &[u16] = &[8080, 9090, 15008, 1];
+/// Ports in policies: the probes' and two more, so that a rule's port set
+/// can outgrow what a prefilter keeps inline (4).
+const POLICY_PORTS: &[u16] = &[8080, 9090, 15008, 1, 2, 3];
 /// Pieces of the identities above (and of nothing), for string matches.
 const STRINGS: &[&str] = &[
     "",
@@ -95,7 +98,7 @@ fn few<T: std::fmt::Debug + Clone>(s: impl Strategy<Value = T>) -> impl Strategy
 }
 
 fn a_match() -> impl Strategy<Value = Match> {
-    let ports = || few(prop::sample::select(PORTS));
+    let ports = || few(prop::sample::select(POLICY_PORTS));
     (
         (few(string_match()), few(string_match())),
         (few(string_match()), few(string_match())),
@@ -143,7 +146,7 @@ fn narrow_match() -> impl Strategy<Value = Match> {
     (
         exact(PRINCIPALS),
         exact(&["a", "b", "z", ""]),
-        few(prop::sample::select(PORTS)),
+        prop::collection::vec(prop::sample::select(POLICY_PORTS), 0..=5),
     )
         .prop_map(|(principals, namespaces, destination_ports)| Match {
             principals,
@@ -158,7 +161,8 @@ fn policy(i: usize) -> impl Strategy<Value = Policy> {
     let clause = prop::collection::vec(any_match, 0..=3).prop_map(|matches| Clause { matches });
     let rule = prop::collection::vec(clause, 0..=2).prop_map(|clauses| Rule { clauses });
     (
-        prop::collection::vec(rule, 0..=3),
+        // Up to 6 rules: beyond 3 the prefilter merges alternatives.
+        prop::collection::vec(rule, 0..=6),
         any::<bool>(),
         prop::bool::weighted(0.2),
     )

@@ -1177,7 +1177,84 @@ async fn unreadable_policies_are_nacked_and_deny_until_replaced() {
     })
     .await;
     assert_eq!(decide(&client).2, "allow policies exist, but none allowed");
+
+    // Removing a policy removes it, readable or not.
+    let reply = conn
+        .exchange(response(
+            AUTHORIZATION_TYPE_URL,
+            "n5",
+            vec![bad_again()],
+            &[],
+        ))
+        .await;
+    assert!(reply.error_detail.is_some());
+    eventually("unreadable again", || {
+        client.publisher.current().unreadable_policies().count() == 1
+    })
+    .await;
+    let reply = conn
+        .exchange(response(
+            AUTHORIZATION_TYPE_URL,
+            "n6",
+            vec![],
+            &["default/allow-nothing"],
+        ))
+        .await;
+    assert!(reply.error_detail.is_none());
+    eventually("the unreadable policy is removed", || {
+        client.publisher.current().policy_count() == 0
+    })
+    .await;
+    assert_eq!(decide(&client).2, "no allow policies, allowed");
+
+    // A GLOBAL policy whose next version does not even decode keeps its
+    // scope: it keeps applying mesh-wide (here: to `web` in `default`),
+    // denying, instead of shrinking to its own namespace.
+    let mut global = Policy {
+        name: "mesh-allow".into(),
+        namespace: "istio-system".into(),
+        scope: PolicyScope::Global,
+        action: PolicyAction::Allow,
+        dry_run: false,
+        rules: vec![],
+    };
+    let reply = conn
+        .exchange(response(
+            AUTHORIZATION_TYPE_URL,
+            "n7",
+            vec![convert::authorization_resource(&global, "1".into())],
+            &[],
+        ))
+        .await;
+    assert!(reply.error_detail.is_none());
+    eventually("the global ALLOW applies", || {
+        decide(&client).2 == "allow policies exist, but none allowed"
+    })
+    .await;
+    global.dry_run = true; // any change; the payload is then garbled
+    let mut garbled = convert::authorization_resource(&global, "2".into());
+    garbled.resource.as_mut().unwrap().value = vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0xff];
+    let reply = conn
+        .exchange(response(AUTHORIZATION_TYPE_URL, "n8", vec![garbled], &[]))
+        .await;
+    assert!(reply
+        .error_detail
+        .unwrap()
+        .message
+        .starts_with("istio-system/mesh-allow: undecodable"));
+    eventually("the undecodable version is enforced", || decide(&client).1).await;
+    let snap = client.publisher.current();
+    let p = snap.compiled_policy("istio-system/mesh-allow").unwrap();
+    assert_eq!(p.scope(), PolicyScope::Global);
     server.stop();
+}
+
+/// Version 4 of `default/allow-nothing`, unreadable like version 2.
+fn bad_again() -> Resource {
+    let mut bad = policy_resource("allow-nothing", "4");
+    let any = bad.resource.as_mut().unwrap();
+    any.value = vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0xff];
+    bad
 }
 
 #[tokio::test]

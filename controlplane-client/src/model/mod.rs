@@ -331,7 +331,8 @@ pub struct UnreadablePolicy {
     pub namespace: String,
     pub name: String,
     /// None when not even the scope could be read: the policy is then
-    /// applied to its whole namespace.
+    /// applied to its whole namespace (sources that know better, such as
+    /// the previous version's scope, fill it in).
     pub scope: Option<PolicyScope>,
     /// A dry-run policy only ever reported; unreadable, it still only
     /// reports.

@@ -261,12 +261,32 @@ pub enum DryRun<'s> {
     NoAllowMatch,
 }
 
+impl<'s> DryRun<'s> {
+    /// What happened, in ztunnel's words.
+    pub fn message(&self) -> &'static str {
+        match self {
+            DryRun::DenyMatch(_) => "dry-run: deny policy match",
+            DryRun::AllowMatch(_) => "dry-run: allow policy match",
+            DryRun::NoAllowMatch => "dry-run: no allow policies match",
+        }
+    }
+
+    /// The policy concerned, if one is.
+    pub fn policy(&self) -> Option<&'s CompiledPolicy> {
+        match self {
+            DryRun::DenyMatch(p) | DryRun::AllowMatch(p) => Some(p),
+            DryRun::NoAllowMatch => None,
+        }
+    }
+}
+
+/// The message, then the policy's key.
 impl fmt::Display for DryRun<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DryRun::DenyMatch(p) => write!(f, "dry-run: deny policy match {}", p.key()),
-            DryRun::AllowMatch(p) => write!(f, "dry-run: allow policy match {}", p.key()),
-            DryRun::NoAllowMatch => f.write_str("dry-run: no allow policies match"),
+        f.write_str(self.message())?;
+        match self.policy() {
+            Some(p) => write!(f, " {}", p.key()),
+            None => Ok(()),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The snapshot's authorization policies: each kept with its compiled form
 //! (compiled once, when the version enters a snapshot, on the control
-//! thread), and indexed by the namespace they apply to ("" for global) so a
-//! core finds a workload's policies with two probes.
+//! thread), and indexed by the namespace they apply to ("" for global), the
+//! DENY and ALLOW ones apart, so a core finds a workload's policies with four
+//! probes (plus one per name the workload lists).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -57,6 +58,12 @@ impl Snapshot {
         find_named(&self.policies, key).and_then(|e| e.policy.as_ref())
     }
 
+    /// By "ns/name", readable or not: what the snapshot enforces under that
+    /// name.
+    pub fn compiled_policy(&self, key: &str) -> Option<&Arc<CompiledPolicy>> {
+        find_named(&self.policies, key).map(|e| &e.compiled)
+    }
+
     /// The readable policies, in no particular order.
     pub fn policies(&self) -> impl Iterator<Item = &Arc<Policy>> + '_ {
         self.policies.iter().filter_map(|e| e.value.policy.as_ref())
@@ -105,6 +112,32 @@ impl Snapshot {
             named: &workload.authorization_policies,
             table: &self.policies,
         }
+    }
+
+    /// Whether `workload` is subject to the very same policies here as in
+    /// `other` (its namespace's and the global lists, and the policies it
+    /// names): compared by identity, so no policy is read. A core uses it to
+    /// skip open connections a new snapshot cannot concern.
+    pub fn same_policies_for(&self, other: &Snapshot, workload: &Workload) -> bool {
+        let same_lists = |ns: &str| {
+            self.policies_by_namespace
+                .iter()
+                .zip(&other.policies_by_namespace)
+                .all(|(a, b)| match (find_named(a, ns), find_named(b, ns)) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                })
+        };
+        same_lists(&workload.namespace)
+            && same_lists("")
+            && workload.authorization_policies.iter().all(|key| {
+                match (self.compiled_policy(key), other.compiled_policy(key)) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                }
+            })
     }
 
     /// Decides whether `conn` may reach `workload` (see [`authz`]).

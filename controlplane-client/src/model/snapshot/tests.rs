@@ -2,7 +2,9 @@
 //! builds.
 
 use super::*;
-use crate::model::{NetworkAddress, PolicyAction, PolicyScope, PortMapping, WorkloadStatus};
+use crate::model::{
+    NetworkAddress, PolicyAction, PolicyScope, PortMapping, UnreadablePolicy, WorkloadStatus,
+};
 use std::collections::BTreeMap;
 
 fn ip(s: &str) -> IpAddr {
@@ -993,12 +995,28 @@ fn random_delta(rng: &mut Rng, current: &Snapshot) -> SnapshotDelta {
     for _ in 0..rng.below(2) {
         let mut p = policy(NAMESPACES[rng.below(3)], &format!("p{}", rng.below(4)));
         p.dry_run = rng.chance(50);
+        if rng.chance(50) {
+            p.action = PolicyAction::Deny;
+        }
         p.scope = [
             PolicyScope::Namespace,
             PolicyScope::Global,
             PolicyScope::WorkloadSelector,
         ][rng.below(3)];
         d.upsert_policies.push(p);
+    }
+    if rng.chance(25) {
+        d.upsert_unreadable_policies.push(UnreadablePolicy {
+            namespace: NAMESPACES[rng.below(3)].into(),
+            name: format!("p{}", rng.below(4)),
+            scope: [
+                None,
+                Some(PolicyScope::Global),
+                Some(PolicyScope::WorkloadSelector),
+            ][rng.below(3)],
+            dry_run: rng.chance(30),
+            error: "unreadable".into(),
+        });
     }
     // Remove mostly things that exist.
     let mut existing: Vec<String> = current.workloads().map(|w| w.uid.clone()).collect();
@@ -1027,6 +1045,13 @@ fn random_delta(rng: &mut Rng, current: &Snapshot) -> SnapshotDelta {
 
 /// What applying `delta` must leave, by name: removals, then every upsert
 /// not refused (first occurrence of a name).
+/// A policy as a delta can leave it.
+#[derive(Clone)]
+enum Pol {
+    Readable(Policy),
+    Unreadable(UnreadablePolicy),
+}
+
 fn expected_after(
     before: &Snapshot,
     delta: &SnapshotDelta,
@@ -1034,7 +1059,7 @@ fn expected_after(
 ) -> (
     BTreeMap<String, Workload>,
     BTreeMap<String, Service>,
-    BTreeMap<String, Policy>,
+    BTreeMap<String, Pol>,
 ) {
     let mut w: BTreeMap<_, _> = before
         .workloads()
@@ -1046,8 +1071,21 @@ fn expected_after(
         .collect();
     let mut p: BTreeMap<_, _> = before
         .policies()
-        .map(|x| (x.key(), (**x).clone()))
+        .map(|x| (x.key(), Pol::Readable((**x).clone())))
         .collect();
+    for u in before.unreadable_policies() {
+        let (namespace, name) = u.key().split_once('/').unwrap();
+        p.insert(
+            u.key().to_owned(),
+            Pol::Unreadable(UnreadablePolicy {
+                namespace: namespace.into(),
+                name: name.into(),
+                scope: Some(u.scope()),
+                dry_run: u.dry_run(),
+                error: u.unreadable_reason().unwrap().into(),
+            }),
+        );
+    }
     for uid in &delta.remove_workloads {
         w.remove(uid);
     }
@@ -1083,7 +1121,12 @@ fn expected_after(
     }
     for x in &delta.upsert_policies {
         if seen.insert(x.key()) && !refused(&x.key()) {
-            p.insert(x.key(), x.clone());
+            p.insert(x.key(), Pol::Readable(x.clone()));
+        }
+    }
+    for x in &delta.upsert_unreadable_policies {
+        if seen.insert(x.key()) && !refused(&x.key()) {
+            p.insert(x.key(), Pol::Unreadable(x.clone()));
         }
     }
     (w, s, p)
@@ -1103,12 +1146,27 @@ fn random_deltas_match_a_fresh_build() {
             total_applied += delta.upsert_workloads.len() + delta.upsert_services.len();
             let (w, s, p) = expected_after(&current, &delta, &out.rejected);
             // Content: exactly the removals and the accepted upserts.
+            let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
+            for pol in p.into_values() {
+                match pol {
+                    Pol::Readable(x) => readable.push(x),
+                    Pol::Unreadable(x) => unreadable.push(x),
+                }
+            }
             let expected = Snapshot::new(
                 w.into_values().collect(),
                 s.into_values().collect(),
-                p.into_values().collect(),
+                readable,
             )
             .expect("accepted items never conflict");
+            let expected = {
+                let out = expected.apply(SnapshotDelta {
+                    upsert_unreadable_policies: unreadable,
+                    ..SnapshotDelta::default()
+                });
+                assert!(out.rejected.is_empty());
+                out.snapshot
+            };
             assert!(out.snapshot.same_content(&expected));
             // Indexes: the same as a fresh build's.
             assert_same_lookups(&out.snapshot, &expected);
@@ -1117,7 +1175,11 @@ fn random_deltas_match_a_fresh_build() {
                 assert!(
                     delta.upsert_workloads.iter().any(|w| w.uid == r.name)
                         || delta.upsert_services.iter().any(|s| s.key() == r.name)
-                        || delta.upsert_policies.iter().any(|p| p.key() == r.name),
+                        || delta.upsert_policies.iter().any(|p| p.key() == r.name)
+                        || delta
+                            .upsert_unreadable_policies
+                            .iter()
+                            .any(|p| p.key() == r.name),
                     "{r:?}"
                 );
             }

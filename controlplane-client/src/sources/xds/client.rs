@@ -40,7 +40,7 @@ use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use super::convert::{self, address_key, AddressResource, ConvertError};
 use crate::model::snapshot::{Snapshot, SnapshotDelta};
-use crate::model::UnreadablePolicy;
+use crate::model::{PolicyScope, UnreadablePolicy};
 use crate::publish::{SnapshotFeed, SnapshotPublisher};
 
 /// Largest response accepted (as ztunnel: 200 MiB).
@@ -1091,14 +1091,20 @@ impl Client {
             self.state.authorization_versions.remove(&res.name);
             upserted.remove(&res.name);
             policies.remove(&res.name);
-            if let Some(u) = convert::unreadable_authorization(res, &error) {
+            if let Some(mut u) = convert::unreadable_authorization(res, &error) {
+                // Scope unknown: the previous version's, else mesh-wide. A
+                // narrower guess could let a global DENY stop denying.
+                if u.scope.is_none() {
+                    let previous = current.compiled_policy(&res.name).map(|p| p.scope());
+                    u.scope = Some(previous.unwrap_or(PolicyScope::Global));
+                }
                 unreadable.insert(res.name.clone(), u);
             }
         }
         let mut removals = 0usize;
         for name in &resp.removed_resources {
             self.state.authorization_versions.remove(name);
-            if !upserted.contains_key(name) && current.policy(name).is_some() {
+            if !upserted.contains_key(name) && current.compiled_policy(name).is_some() {
                 delta.remove_policies.push(name.clone());
                 removals += 1;
             }

@@ -84,33 +84,34 @@ impl std::fmt::Display for Refused {
 /// and its policies must allow the connection. Dry-run outcomes are logged
 /// (target `authz`).
 pub fn decide(snap: &Snapshot, cfg: &ProxyConfig, conn: &Inbound) -> Result<(), Refused> {
+    decide_reporting(snap, cfg, conn, &mut |d| log_dry_run(&d, conn))
+}
+
+fn decide_reporting<'s>(
+    snap: &'s Snapshot,
+    cfg: &ProxyConfig,
+    conn: &Inbound,
+    dry_run: &mut dyn FnMut(DryRun<'s>),
+) -> Result<(), Refused> {
     let workload =
         local_workload(snap, cfg, conn.dst.ip()).ok_or(Refused::NotLocal(conn.dst.ip()))?;
-    let verdict = snap.authorize(workload, &conn.conn(), &mut |d| log_dry_run(&d, conn));
-    match verdict {
+    match snap.authorize(workload, &conn.conn(), dry_run) {
         v if v.allowed() => Ok(()),
         v => Err(Refused::Denied(v.to_string())),
     }
 }
 
 fn log_dry_run(d: &DryRun<'_>, conn: &Inbound) {
-    let policy = match d {
-        DryRun::DenyMatch(p) | DryRun::AllowMatch(p) => p.key(),
-        DryRun::NoAllowMatch => "-",
-    };
-    let message = match d {
-        DryRun::DenyMatch(_) => "dry-run: deny policy match",
-        DryRun::AllowMatch(_) => "dry-run: allow policy match",
-        DryRun::NoAllowMatch => "dry-run: no allow policies match",
-    };
-    let peer = conn.peer.as_deref().map(ToString::to_string);
+    let policy = d.policy().map_or("-", |p| p.key());
+    let peer = conn.peer.as_deref();
     tracing::info!(
         target: "authz",
         policy,
         src = %conn.src,
         dst = %conn.dst,
-        src_identity = peer.as_deref().unwrap_or("-"),
-        "{message}"
+        src_identity = %peer.map_or(&"-" as &dyn std::fmt::Display, |p| p as &dyn std::fmt::Display),
+        "{}",
+        d.message()
     );
 }
 
@@ -160,6 +161,13 @@ pub struct Recheck {
     pub revoked: usize,
 }
 
+impl std::ops::AddAssign for Recheck {
+    fn add_assign(&mut self, other: Recheck) {
+        self.checked += other.checked;
+        self.revoked += other.revoked;
+    }
+}
+
 impl Registry {
     /// Connections open (admitted and not yet closed).
     pub fn len(&self) -> usize {
@@ -175,33 +183,48 @@ impl Registry {
         self.late_rejections.get()
     }
 
-    /// Decides again, against `new`, every open connection whose verdict
-    /// may differ from the one `old` gave: all of them when the policy set
-    /// changed, else those whose destination workload changed. Revokes the
-    /// ones now refused; their tasks close them.
-    pub fn recheck(&self, old: &Snapshot, new: &Snapshot, cfg: &ProxyConfig) -> Recheck {
-        let policies_changed = old.policy_epoch() != new.policy_epoch();
+    /// The registration keys of the open connections, for
+    /// [`recheck`](Self::recheck) in batches.
+    pub fn keys(&self) -> Vec<usize> {
+        self.conns.borrow().iter().map(|(k, _)| k).collect()
+    }
+
+    /// Decides again, against `new`, each open connection among `keys`
+    /// whose verdict may differ from the one `old` gave: its destination
+    /// workload changed, or the policies that apply to it did. Revokes the
+    /// ones now refused; their tasks close them. Keys no longer open are
+    /// skipped (one reused meanwhile belongs to a connection admitted
+    /// against `new`, and stays allowed). Dry runs are not reported again.
+    pub fn recheck(
+        &self,
+        keys: &[usize],
+        old: &Snapshot,
+        new: &Snapshot,
+        cfg: &ProxyConfig,
+    ) -> Recheck {
+        let same_policies = old.policy_epoch() == new.policy_epoch();
         let mut out = Recheck::default();
         let mut conns = self.conns.borrow_mut();
-        for (_, t) in conns.iter_mut() {
+        for &key in keys {
+            let Some(t) = conns.get_mut(key) else {
+                continue;
+            };
             if t.revoked.is_some() {
                 continue;
             }
             let ip = t.conn.dst.ip();
-            if !policies_changed {
-                let before = local_workload(old, cfg, ip);
-                let after = local_workload(new, cfg, ip);
-                let same = match (before, after) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                };
-                if same {
-                    continue;
+            let unchanged = match (local_workload(old, cfg, ip), local_workload(new, cfg, ip)) {
+                (Some(a), Some(b)) => {
+                    Arc::ptr_eq(a, b) && (same_policies || new.same_policies_for(old, b))
                 }
+                (None, None) => true,
+                _ => false,
+            };
+            if unchanged {
+                continue;
             }
             out.checked += 1;
-            if let Err(refused) = decide(new, cfg, &t.conn) {
+            if let Err(refused) = decide_reporting(new, cfg, &t.conn, &mut |_| {}) {
                 out.revoked += 1;
                 t.revoked = Some(format!("late rejection: {refused}"));
                 if let Some(w) = t.waker.take() {
@@ -332,10 +355,13 @@ policies:
 
         // Same policies, same workloads: nothing to decide again.
         let same = open.clone();
-        assert_eq!(registry.recheck(&open, &same, &c), Recheck::default());
+        assert_eq!(
+            registry.recheck(&registry.keys(), &open, &same, &c),
+            Recheck::default()
+        );
 
         let strict = snap(DENY_BOB);
-        let r = registry.recheck(&open, &strict, &c);
+        let r = registry.recheck(&registry.keys(), &open, &strict, &c);
         assert_eq!(
             r,
             Recheck {
@@ -358,9 +384,64 @@ policies:
         // The destination workload disappears (in a fresh build, which
         // also takes a new policy epoch): Alice's connection closes too.
         let gone = load_snapshot(&format!("workloads: []\n{DENY_BOB}"), "test").unwrap();
-        let r = registry.recheck(&strict, &gone, &c);
+        let r = registry.recheck(&registry.keys(), &strict, &gone, &c);
         assert_eq!(r.revoked, 1, "{r:?}");
         drop((alice, bob));
         assert!(registry.is_empty());
+    }
+
+    /// istiod sends a new policy first, then the workload that selects it:
+    /// the second snapshot keeps the policy epoch, and only the workload
+    /// changed. That must still close what the policy denies.
+    #[test]
+    fn recheck_follows_a_workload_that_starts_selecting_a_policy() {
+        let registry = Rc::new(Registry::default());
+        let c = cfg(None);
+        let unselected = snap(&DENY_BOB.replace("scope: Namespace", "scope: WorkloadSelector"));
+        let bob = admit(&registry, &unselected, &c, from(BOB, "10.0.0.2:80")).unwrap();
+        let _alice = admit(&registry, &unselected, &c, from(ALICE, "10.0.0.2:80")).unwrap();
+        let mut srv = (**unselected.workload_by_uid("srv").unwrap()).clone();
+        srv.authorization_policies = vec!["shop/deny-bob".into()];
+        let selected = unselected
+            .apply(ringway_controlplane::SnapshotDelta {
+                upsert_workloads: vec![srv],
+                ..Default::default()
+            })
+            .snapshot;
+        assert_eq!(selected.policy_epoch(), unselected.policy_epoch());
+        let r = registry.recheck(&registry.keys(), &unselected, &selected, &c);
+        assert_eq!(
+            r,
+            Recheck {
+                checked: 2,
+                revoked: 1
+            }
+        );
+        let why = futures_lite::future::block_on(bob.revoked());
+        assert!(why.ends_with("explicitly denied by shop/deny-bob"), "{why}");
+        // An unrelated change after that: Alice's connection is not decided
+        // again.
+        let unrelated = selected
+            .apply(ringway_controlplane::SnapshotDelta {
+                remove_workloads: vec!["elsewhere".into()],
+                ..Default::default()
+            })
+            .snapshot;
+        let r = registry.recheck(&registry.keys(), &selected, &unrelated, &c);
+        assert_eq!(r, Recheck::default());
+        // A policy for another namespace: a new policy epoch, but not
+        // Alice's policies.
+        let mut elsewhere = unrelated.policy("shop/deny-bob").unwrap().as_ref().clone();
+        elsewhere.namespace = "other".into();
+        elsewhere.scope = ringway_controlplane::model::PolicyScope::Namespace;
+        let other_ns = unrelated
+            .apply(ringway_controlplane::SnapshotDelta {
+                upsert_policies: vec![elsewhere],
+                ..Default::default()
+            })
+            .snapshot;
+        assert_ne!(other_ns.policy_epoch(), unrelated.policy_epoch());
+        let r = registry.recheck(&registry.keys(), &unrelated, &other_ns, &c);
+        assert_eq!(r, Recheck::default());
     }
 }

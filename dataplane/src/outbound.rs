@@ -2,9 +2,10 @@
 //! destination, refuse loops, decide the route from the core's snapshot
 //! ([`plan`]), then connect and move bytes.
 //!
-//! Sources: the client must be a workload in the config (found by its
-//! address); an unknown source is refused, as ztunnel refuses one, unless
-//! `--allow-unknown-source` (labs) lets it out as plain TCP.
+//! Sources: the client must be a workload of this node in the config
+//! (found by its address); an unknown source is refused, as ztunnel
+//! refuses one, unless `--allow-unknown-source` (labs) lets it out as plain
+//! TCP.
 //!
 //! Routes: destinations outside the mesh and TCP-protocol workloads are
 //! connected directly (passthrough); HBONE workloads are reached through an
@@ -30,6 +31,7 @@ use ringway_controlplane::model::{
 use ringway_controlplane::Snapshot;
 
 use crate::accesslog::ConnLog;
+use crate::authorization::local_workload;
 use crate::hbone;
 use crate::runtime::CoreInputs;
 use crate::socket;
@@ -311,36 +313,34 @@ pub async fn route(
     }
     let mut snapshot = core.snapshot();
     let network = &core.cfg.network;
-    // The source must be a workload ringway knows (as in ztunnel, which
-    // speaks for a known workload only): nothing leaves unauthenticated by
-    // accident, e.g. before the first config arrives. On-demand xDS may
-    // simply not have fetched it yet.
+    // On-demand xDS: the source or the destination may simply not be
+    // fetched yet.
     let src_ip = log.src.map(|s| s.ip());
-    let known_source =
-        |snap: &Snapshot| src_ip.is_some_and(|ip| snap.workload_by_addr(network, ip).is_some());
-    if !known_source(&snapshot) && core.control.on_demand.is_some() {
-        if let Some(fresh) = match src_ip {
-            Some(ip) => core.resolve_on_demand(ip).await,
-            None => None,
-        } {
-            snapshot = Rc::new(fresh);
+    if let (Some(ip), Some(_)) = (src_ip, &core.control.on_demand) {
+        if local_workload(&snapshot, &core.cfg, ip).is_none() {
+            if let Some(fresh) = core.resolve_on_demand(ip).await {
+                snapshot = Rc::new(fresh);
+            }
         }
     }
-    if !known_source(&snapshot) && !core.cfg.allow_unknown_source {
-        let why = format!(
-            "refused: unknown source {}: no workload has this address in the mesh config \
-             (fail closed; --allow-unknown-source lets plain TCP out in a lab)",
-            src_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
-        );
-        return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
-    }
-    // On-demand xDS: an unknown destination may simply not be fetched yet.
     if core.control.on_demand.is_some()
         && !ringway_controlplane::sources::xds::resolves(&snapshot, network, dst.ip())
     {
         if let Some(fresh) = core.resolve_on_demand(dst.ip()).await {
             snapshot = Rc::new(fresh);
         }
+    }
+    // The source must be a workload of this node that ringway knows (as in
+    // ztunnel, which speaks for a known workload only): nothing leaves
+    // unauthenticated by accident, e.g. before the first config arrives.
+    let source = src_ip.and_then(|ip| local_workload(&snapshot, &core.cfg, ip));
+    if source.is_none() && !core.cfg.allow_unknown_source {
+        let why = format!(
+            "refused: unknown source {}: no workload of this node has this address in the mesh \
+             config (fail closed; --allow-unknown-source lets plain TCP out in a lab)",
+            src_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string())
+        );
+        return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
     }
     let upstream = match plan(&snapshot, &core.cfg.network, dst) {
         Ok(Plan::Direct { upstream, route }) => {
@@ -355,13 +355,9 @@ pub async fn route(
             // Take what the tunnel needs while the snapshot is borrowed:
             // cloning the workload's Arc would touch a refcount every core
             // shares.
-            let source = log.src.and_then(|src| {
-                snapshot
-                    .workload_by_addr(&core.cfg.network, src.ip())
-                    .map(|w| Source {
-                        identity: w.identity(),
-                        baggage: hbone::baggage(w),
-                    })
+            let source = source.map(|w| Source {
+                identity: w.identity(),
+                baggage: hbone::baggage(w),
             });
             drop(snapshot);
             let Some(source) = source else {

@@ -219,7 +219,13 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                 );
                 let old = std::mem::replace(&mut *core.snapshot.borrow_mut(), Rc::new(snap));
                 let new = core.snapshot();
-                let r = core.admitted.recheck(&old, &new, &core.cfg);
+                // In batches, yielding between them: thousands of open
+                // connections must not stall the core's other tasks.
+                let mut r = crate::authorization::Recheck::default();
+                for batch in core.admitted.keys().chunks(256) {
+                    r += core.admitted.recheck(batch, &old, &new, &core.cfg);
+                    glommio::yield_if_needed().await;
+                }
                 if r.revoked > 0 {
                     tracing::info!(
                         core = core.index,

@@ -152,6 +152,19 @@ fn plaintext(dst: &str) -> std::io::Result<TcpStream> {
     Ok(s)
 }
 
+/// Node B's inbound capture, as a CNI installs it: plaintext arriving for
+/// `ports` goes to 15006.
+fn capture_inbound(nodes: &Nodes, ports: &str) {
+    nodes.b.nft(&format!(
+        "table inet ringway_inbound {{
+           chain pre {{ type nat hook prerouting priority -100; policy accept;
+             iifname \"{}\" tcp dport {{ {ports} }} redirect to :15006;
+           }}
+         }}",
+        nodes.veth_b()
+    ));
+}
+
 /// STRICT PeerAuthentication (as istiod converts it): plaintext captured to
 /// 15006 is refused, HBONE passes. And 15006 delivers only to local
 /// workloads: an address on the node that is none is refused too.
@@ -159,19 +172,11 @@ fn plaintext(dst: &str) -> std::io::Result<TcpStream> {
 fn strict_mtls_refuses_plaintext_and_admits_hbone() {
     let nodes = Nodes::with_config("strict", &strict_config(), true, &[]);
     let accepted = echo_app(&nodes, 9000);
-    // Node B's inbound capture, as a CNI installs it: plaintext to the pod
-    // goes to 15006. 10.250.0.9 is on node B but no workload.
-    let veth_b = nodes.veth_b();
+    // 10.250.0.9 is on node B but no workload.
     nodes
         .b
-        .ip(&["addr", "add", "10.250.0.9/24", "dev", &veth_b]);
-    nodes.b.nft(&format!(
-        "table inet ringway_inbound {{
-           chain pre {{ type nat hook prerouting priority -100; policy accept;
-             iifname \"{veth_b}\" tcp dport {{ 9000, 9002 }} redirect to :15006;
-           }}
-         }}"
-    ));
+        .ip(&["addr", "add", "10.250.0.9/24", "dev", &nodes.veth_b()]);
+    capture_inbound(&nodes, "9000, 9002");
     let other = nodes
         .b
         .enter(|| TcpListener::bind("10.250.0.9:9002").unwrap());
@@ -361,4 +366,49 @@ fn unknown_sources_are_refused_unless_allowed() {
         "reached"
     );
     drop(open);
+}
+
+/// Late rejection on 15006 too: turning STRICT on closes an open plaintext
+/// connection, with a reset (it believed it was connected).
+#[test]
+fn late_rejection_resets_plaintext_when_strict_arrives() {
+    let poll = ["--config-poll-interval", "50ms"];
+    let nodes = Nodes::with_config("latep", &with_policies("  []\n"), true, &poll);
+    let accepted = echo_app(&nodes, 9000);
+    capture_inbound(&nodes, "9000");
+    let mut c = in_netns(&nodes.a.name, || {
+        let mut c = plaintext(&format!("{SERVER_IP}:9000")).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut got = [0u8; 4];
+        c.read_exact(&mut got).unwrap();
+        c
+    });
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    nodes.set_config(&strict_config());
+    let r = c.read(&mut [0u8; 16]);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected a reset: {r:?}"
+    );
+    let closed = nodes.b().wait_log("the late rejection", |l| {
+        l["target"] == "access" && l["path"] == "inbound_passthrough" && !error_of(l).is_empty()
+    });
+    assert_eq!(
+        error_of(&closed),
+        "closed: late rejection: authorization policy: explicitly denied by \
+         istio-system/istio_converted_static_strict"
+    );
+}
+
+/// An HBONE CONNECT to one of ringway's own ports would come back into
+/// ringway: 400, as ztunnel answers it.
+#[test]
+fn a_tunnel_into_ringways_own_port_is_a_self_call() {
+    let nodes = Nodes::with_config("self", &base_config(), true, &[]);
+    let (_, out) = hbone_as(&nodes, ALICE, 15008);
+    assert_eq!(out["status"][0], 400, "{out}");
+    let refusal = nodes.b().wait_log("the refusal", |l| {
+        l["target"] == "access" && l["src_identity"] == ALICE
+    });
+    assert!(error_of(&refusal).contains("self call"), "{refusal}");
 }

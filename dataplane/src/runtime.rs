@@ -411,3 +411,33 @@ pub fn raise_nofile() {
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// The executor must not go to sleep while a task is runnable, even when
+    /// its preempt timer has already expired by the time it looks at its task
+    /// queues (a descheduled thread on a loaded machine). glommio 0.9.0 took
+    /// "preempted before running anything" for "nothing to run" and slept
+    /// until its next timer: HBONE tunnels stalled for seconds. A 1 ns
+    /// preempt timer makes that happen at every turn; each awaited task
+    /// then needs the executor to run a queued task.
+    #[test]
+    fn executor_never_sleeps_with_a_runnable_task() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let _executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .io_memory(64 << 10)
+            .preempt_timer(Duration::from_nanos(1))
+            .spawn(move || async move {
+                for _ in 0..1000 {
+                    glommio::spawn_local(async {}).await;
+                }
+                let _ = done_tx.send(());
+            })
+            .expect("executor");
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the executor slept with a runnable task and never woke up");
+    }
+}

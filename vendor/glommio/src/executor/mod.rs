@@ -1320,11 +1320,19 @@ impl LocalExecutor {
         self.reactor.need_preempt()
     }
 
+    /// Runs task queues until preempted or until none is runnable. Returns
+    /// false only when no task queue was runnable: the caller then parks.
     fn run_task_queues(&self) -> bool {
         let mut ran = false;
         loop {
             self.reactor.sys.install_eventfd();
-            if self.need_preempt() {
+            // ringway patch: the preempt timer may already have fired when
+            // we get here (the thread was descheduled after `poll_io` armed
+            // it). Breaking out before running anything returned false,
+            // "nothing to run", and the caller parked with runnable tasks
+            // until some unrelated timer or I/O woke it: seconds. Run at
+            // least one task queue before honouring preemption.
+            if ran && self.need_preempt() {
                 break;
             }
             if !self.run_one_task_queue() {
@@ -1373,7 +1381,11 @@ impl LocalExecutor {
             let mut tasks_executed_this_loop = 0;
             loop {
                 let mut queue_ref = queue.borrow_mut();
-                if self.need_preempt() || queue_ref.yielded() {
+                // ringway patch: and at least one of its tasks, so that a
+                // preempt timer that is always due by now cannot starve
+                // every task (I/O was polled just before this turn).
+                if (tasks_executed_this_loop > 0 && self.need_preempt()) || queue_ref.yielded()
+                {
                     break;
                 }
 

@@ -83,8 +83,9 @@ pub struct Poller {
 impl Poller {
     /// Creates the ring and its completion eventfd. `entries` bounds the
     /// submissions queued between two `submit` calls, not the number of
-    /// polls in flight (completions never overflow: the kernel buffers them
-    /// with IORING_FEAT_NODROP).
+    /// polls in flight (completions are never lost: what does not fit the
+    /// completion queue waits in the kernel's overflow list, IORING_FEAT_NODROP,
+    /// until [`Poller::reap`] flushes it).
     pub fn new(entries: u32) -> io::Result<Rc<Self>> {
         let ring = IoUring::builder()
             .setup_cqsize(entries.saturating_mul(8))
@@ -130,7 +131,9 @@ impl Poller {
     /// every `every` in case an eventfd notification was missed, so a lost
     /// wake-up costs milliseconds, not a stalled connection. Completions it
     /// finds are counted and reported at debug level: they point at a bug
-    /// (ours, glommio's or the kernel's) worth finding.
+    /// (ours, glommio's or the kernel's) worth finding. It is a task on the
+    /// executor it guards: an executor that sleeps with runnable tasks (the
+    /// glommio bug behind issue 10, fixed in `vendor/glommio`) stops it too.
     pub async fn sweep(self: Rc<Self>, every: std::time::Duration) {
         let mut late = 0u64;
         loop {
@@ -154,6 +157,41 @@ impl Poller {
         let mut slots = self.slots.borrow_mut();
         // Reused across reaps: no allocation per wake-up.
         let mut wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        let mut seen = 0;
+        loop {
+            seen += Self::drain(&mut ring, &mut slots, &mut wakers);
+            // Completions that did not fit the queue (a burst on many
+            // sockets between two reaps) wait in the kernel's overflow list
+            // until an enter asks for events, and no new completion gets
+            // past them: a standing poll whose last completion sits there
+            // looks armed forever and its socket is never polled again.
+            // `submit` asks for events when the overflow flag is set; then
+            // drain what it moved into the queue. One flag load per reap.
+            let overflow = ring.submission().cq_overflow();
+            // A submit that failed in `push` left its entries queued: carry them.
+            if !overflow && ring.submission().is_empty() {
+                break;
+            }
+            if let Err(e) = ring.submit() {
+                tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
+                break;
+            }
+            if !overflow {
+                break;
+            }
+        }
+        drop(slots);
+        drop(ring);
+        for w in wakers.drain(..) {
+            w.wake();
+        }
+        *self.wakers.borrow_mut() = wakers;
+        seen
+    }
+
+    /// One pass over the completion queue: records what each completion
+    /// says in its slot and collects the wakers to wake.
+    fn drain(ring: &mut IoUring, slots: &mut Slab<Slot>, wakers: &mut Vec<Waker>) -> usize {
         let mut seen = 0;
         for cqe in ring.completion() {
             seen += 1;
@@ -206,18 +244,6 @@ impl Poller {
                 }
             }
         }
-        // A submit that failed in `push` left its entries queued: carry them.
-        if !ring.submission().is_empty() {
-            if let Err(e) = ring.submit() {
-                tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
-            }
-        }
-        drop(slots);
-        drop(ring);
-        for w in wakers.drain(..) {
-            w.wake();
-        }
-        *self.wakers.borrow_mut() = wakers;
         seen
     }
 
@@ -534,6 +560,45 @@ mod tests {
             })
             .await;
             assert!(blocked.is_err(), "an event was delivered twice");
+        });
+    }
+
+    /// More readiness at once than the completion queue holds: the
+    /// completions that overflow (the standing polls they end) are flushed
+    /// from the kernel by the reap, so every waiter still wakes.
+    #[test]
+    fn overflowing_the_completion_queue_loses_no_wake_up() {
+        on_executor(|| async {
+            // One submission entry, eight completion entries.
+            let p = Poller::new(1).expect("readiness ring");
+            glommio::spawn_local(p.clone().pump()).detach();
+            let pairs: Vec<_> = (0..24).map(|_| nonblocking_pair()).collect();
+            let regs: Vec<_> = pairs
+                .iter()
+                .map(|(ours, _)| Registration::new(&p, ours.as_raw_fd()))
+                .collect();
+            // Arm every poll, then make every socket readable without
+            // yielding: the pump cannot reap in between.
+            let waker = futures_lite::future::block_on(std::future::poll_fn(|cx| {
+                Poll::Ready(cx.waker().clone())
+            }));
+            for reg in &regs {
+                let pending = reg.poll_ready(&mut Context::from_waker(&waker), libc::POLLIN);
+                assert!(pending.is_pending(), "nothing was written yet");
+            }
+            for (_, theirs) in &pairs {
+                (&*theirs).write_all(b"x").unwrap();
+            }
+            for (i, reg) in regs.iter().enumerate() {
+                let woke = glommio::timer::timeout(Duration::from_secs(2), async {
+                    Ok(reg.ready(libc::POLLIN).await)
+                })
+                .await;
+                assert!(
+                    matches!(woke, Ok(Ok(bits)) if bits & libc::POLLIN != 0),
+                    "socket {i} never reported readable: {woke:?}"
+                );
+            }
         });
     }
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs `ringway-perf suite`: throughput,
-# request/response latency, connect rate and idle-connection memory on
-# direct TCP, ringway passthrough and ringway HBONE, side by side, in a
-# two-node network-namespace rig, after checking the load generator against
-# iperf3. Needs root. Results land in perf-results/ (results.md,
-# results.json, SVG charts, proxy logs).
+# request/response latency, kernel work per request (CPU, system calls by
+# type, io_uring submissions, context switches), connect rate and
+# idle-connection memory on direct TCP, ringway passthrough and ringway
+# HBONE, side by side, in a two-node network-namespace rig, after checking
+# the load generator against iperf3. Needs root. Results land in
+# perf-results/ (results.md, results.json, SVG charts, proxy logs).
 #
 # Extra arguments go to `ringway-perf suite`, e.g. --quick (about a minute),
-# --rounds 7, --cores 1 --cores 2 (core-pinning sweep), or a peer proxy
-# column with --peer-socks/--peer-cmd. See perf/README.md.
+# --rounds 7, --cores 1 --cores 2 (core-pinning sweep), --peer ztunnel
+# (Istio's ztunnel side by side: its passthrough and HBONE columns, and
+# ringway ÷ ztunnel next to ringway ÷ direct), or another proxy with
+# --peer-socks/--peer-cmd. See perf/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +29,14 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# perf counts the proxies' system calls (rr-kernel). Without it the suite
+# still runs and says in results.md that they were not counted.
+if ! command -v perf >/dev/null 2>&1; then
+  echo "installing: linux-perf (system-call counts)"
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq linux-perf >/dev/null; } ||
+    echo "scripts/bench.sh: could not install linux-perf; system calls will not be counted" >&2
 fi
 
 cargo build --release --locked -p ringway-dataplane -p ringway-perf

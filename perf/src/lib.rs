@@ -15,6 +15,7 @@ pub mod charts;
 pub mod connect;
 pub mod dial;
 pub mod idle;
+pub mod kernel;
 pub mod latency;
 pub mod machine;
 pub mod microbench;
@@ -32,6 +33,7 @@ pub mod suite;
 pub mod throughput;
 pub mod units;
 pub mod wire;
+pub mod ztunnel;
 
 use std::path::{Path, PathBuf};
 

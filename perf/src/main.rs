@@ -8,7 +8,7 @@ use ringway_perf::procstat::Processes;
 use ringway_perf::rr::Limit;
 use ringway_perf::units::{parse_duration, parse_size};
 use ringway_perf::{
-    calibrate, connect, idle, passthrough, rig, rr, server, socks5, suite, throughput,
+    calibrate, connect, idle, kernel, passthrough, rig, rr, server, socks5, suite, throughput,
 };
 use serde::Serialize;
 
@@ -116,6 +116,11 @@ enum Cmd {
         /// Or stop after this many requests (all connections together).
         #[arg(long)]
         requests: Option<u64>,
+        /// Also count the --proxy-pid processes' system calls (perf),
+        /// io_uring submissions and context switches over the timed
+        /// requests (the suite's rr-kernel scenario).
+        #[arg(long, requires = "proxy_pids")]
+        count_kernel: bool,
     },
     /// A new connection per request; connections/s, connect-to-first-byte.
     Connect {
@@ -144,7 +149,7 @@ enum Cmd {
     /// Compare the generator's loopback throughput with iperf3's.
     Calibrate(calibrate::Params),
     /// Everything, side by side, on a two-node netns rig (needs root).
-    Suite(suite::SuiteArgs),
+    Suite(Box<suite::SuiteArgs>),
     /// Direct TCP vs ringway passthrough (splice and copy) on loopback.
     Passthrough(passthrough::PassthroughArgs),
     /// A minimal SOCKS5 relay (CONNECT, no auth): a stand-in peer proxy.
@@ -187,17 +192,18 @@ fn main() -> anyhow::Result<()> {
             connections,
             duration,
             requests,
-        } => client.run(move |d, p| {
-            rr::run(
-                d,
-                rr::Params {
-                    size,
-                    connections,
-                    limit: limit(duration, requests, 10),
-                },
-                p,
-            )
-        })?,
+            count_kernel,
+        } => {
+            let params = rr::Params {
+                size,
+                connections,
+                limit: limit(duration, requests, 10),
+            };
+            match count_kernel {
+                true => client.run(move |d, p| kernel::run(d, params, p))?,
+                false => client.run(move |d, p| rr::run(d, params, p))?,
+            }
+        }
         Cmd::Connect {
             client,
             concurrency,
@@ -243,7 +249,7 @@ fn main() -> anyhow::Result<()> {
                 );
             }
         }
-        Cmd::Suite(args) => suite::run(args)?,
+        Cmd::Suite(args) => suite::run(*args)?,
         Cmd::Passthrough(args) => passthrough::run(args)?,
         Cmd::SocksRelay { listen } => {
             let bound = socks5::spawn_relay(listen)?;

@@ -35,6 +35,7 @@ use serde::Serialize;
 use crate::dial::Dialer;
 use crate::procstat::Processes;
 use crate::rig::{self, CommandProxy, Netns, Proxy};
+use crate::ztunnel::{self, Ztunnel};
 
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 /// On node B, not a mesh workload: passthrough destination.
@@ -64,6 +65,19 @@ pub fn captured_port(i: usize) -> u16 {
 /// next to the ringways.
 fn outbound_port(i: usize) -> u16 {
     16001 + 100 * i as u16
+}
+
+/// Every namespace's `net.ipv4.ip_local_port_range`: wide (connect-rate
+/// scenarios open tens of thousands of connections a second), and above
+/// ztunnel's fixed ports, so no connection (or its TIME_WAIT) ever holds
+/// one of them when a ztunnel (re)starts.
+pub const EPHEMERAL_PORTS: (u16, u16) = (16384, 65535);
+
+/// The namespace settings every node of the rig gets.
+fn tune(ns: &Netns) -> anyhow::Result<()> {
+    ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
+    let (lo, hi) = EPHEMERAL_PORTS;
+    ns.sysctl("net.ipv4.ip_local_port_range", &format!("{lo} {hi}"))
 }
 
 /// Where the peer proxy's connections go.
@@ -105,6 +119,90 @@ pub struct NodesConfig {
     pub log_dir: PathBuf,
     pub log_level: String,
     pub peer: Option<PeerSpec>,
+    /// The ztunnel binary: ztunnel passthrough and HBONE columns on a node
+    /// pair of their own (see [`ZtunnelNodes`]), and every ringway on the
+    /// root of ztunnel's fake CA.
+    pub ztunnel: Option<PathBuf>,
+}
+
+/// ztunnel's own copy of nodes A and B, for the ztunnel columns: the same
+/// addresses (client 10.250.0.1; 10.250.0.3 non-mesh and 10.250.0.10 the
+/// HBONE workload of set 0, both on node ZB), the same captured port
+/// (5300), the same sink, the same capture rule (to ztunnel's 15001,
+/// skipping its marked sockets) and the same one veth between them. A
+/// separate pair because ztunnel binds fixed ports (its 15008 on every
+/// address would collide with ringway B's) and because the load generator
+/// must run where the capture is; the pair is not linked to A and B, so
+/// the addresses can repeat.
+///
+/// ```text
+///  node ZA (10.250.0.1)                 node ZB
+///  load generator                       sink on :5201, :5300
+///  nft: dport 5300 → :15001   ── veth ─ 10.250.0.3   non-mesh
+///  ztunnel A (client-ns/client)         10.250.0.10  server-0, ztunnel B
+///                                       (server-ns/server-0, :15008)
+/// ```
+///
+/// Field order is drop order: processes before their namespaces.
+pub struct ZtunnelNodes {
+    pub a: Ztunnel,
+    pub b: Ztunnel,
+    pub za: Netns,
+    pub zb: Netns,
+}
+
+impl ZtunnelNodes {
+    fn start(
+        bin: &Path,
+        config: &Path,
+        log_dir: &Path,
+        log_level: &str,
+        progress: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<ZtunnelNodes> {
+        let za = Netns::new("rwpza")?;
+        let zb = Netns::new("rwpzb")?;
+        let b_ips = [format!("{PLAIN_IP}/24"), format!("{}/24", hbone_ip(0))];
+        let (iza, _) = rig::veth(
+            &za,
+            &[&format!("{CLIENT_IP}/24")],
+            &zb,
+            &[&b_ips[0], &b_ips[1]],
+        )?;
+        for ns in [&za, &zb] {
+            tune(ns)?;
+        }
+        za.nft(&capture_rules(
+            &iza,
+            &[(captured_port(0), ztunnel::OUTBOUND_PORT)],
+        ))?;
+        let listen = [
+            SocketAddr::from(([0, 0, 0, 0], DIRECT_PORT)),
+            SocketAddr::from(([0, 0, 0, 0], captured_port(0))),
+        ];
+        zb.enter(move || crate::server::spawn(&listen))??;
+        let server = format!("{SERVER_NAMESPACE}/server-0/server");
+        let b = Ztunnel::start(
+            &zb,
+            bin,
+            "ztunnel-b",
+            ztunnel::env(config, &server, log_level),
+            log_dir,
+        )?;
+        let a = Ztunnel::start(
+            &za,
+            bin,
+            "ztunnel-a",
+            ztunnel::env(config, "client-ns/client/client", log_level),
+            log_dir,
+        )?;
+        progress(&format!(
+            "started ztunnel pair: node ZA pid {}, node ZB pid {} ({})",
+            a.pid(),
+            b.pid(),
+            bin.display()
+        ));
+        Ok(ZtunnelNodes { a, b, za, zb })
+    }
 }
 
 pub struct RingwaySet {
@@ -118,6 +216,7 @@ pub struct RingwaySet {
 /// namespaces they live in.
 pub struct Nodes {
     pub peer: Option<(PeerSpec, CommandProxy)>,
+    pub ztunnel: Option<ZtunnelNodes>,
     pub sets: Vec<RingwaySet>,
     /// The sets as configured; `placement[j]` is the pair that runs
     /// `specs[j]` now (see [`Nodes::rotate_policies`]).
@@ -141,17 +240,37 @@ impl Drop for TempDir {
 /// workload per ringway set on node B, and `policies` policies for the
 /// server workloads whose rules name the destination port `port` (see
 /// [`policies_yaml`]). 10.250.0.3 is deliberately absent.
+///
+/// It is written so that ztunnel's LOCAL_XDS parser takes it too (the
+/// stricter of the two): every workload names its `services` and its
+/// `trustDomain` (ztunnel's default is empty, which would give its
+/// certificates the identity `spiffe:///ns/…`), policies write `dryRun`
+/// and their string matches as YAML tags (`!Exact "…"`).
 pub fn mesh_config(sets: usize, policies: usize, port: u16) -> String {
-    let mut y = format!(
-        "# Generated by ringway-perf suite.\nworkloads:\n\
-         - uid: cluster1//v1/Pod/client-ns/client\n  name: client\n  namespace: client-ns\n  serviceAccount: client\n  \
-         workloadIps: [\"{CLIENT_IP}\"]\n  protocol: HBONE\n  node: node-a\n  workloadName: client\n  canonicalName: client\n  canonicalRevision: v1\n"
+    let workload = |name: &str, ns: &str, sa: &str, ip: Ipv4Addr, node: &str, app: &str| {
+        format!(
+            "- uid: cluster1//v1/Pod/{ns}/{name}\n  name: {name}\n  namespace: {ns}\n  serviceAccount: {sa}\n  \
+             trustDomain: cluster.local\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: {node}\n  \
+             workloadName: {app}\n  canonicalName: {app}\n  canonicalRevision: v1\n  services: {{}}\n"
+        )
+    };
+    let mut y = String::from("# Generated by ringway-perf suite.\nworkloads:\n");
+    y += &workload(
+        "client",
+        "client-ns",
+        "client",
+        CLIENT_IP,
+        "node-a",
+        "client",
     );
     for i in 0..sets {
-        y += &format!(
-            "- uid: cluster1//v1/Pod/server-ns/server-{i}\n  name: server-{i}\n  namespace: server-ns\n  serviceAccount: server\n  \
-             workloadIps: [\"{}\"]\n  protocol: HBONE\n  node: node-b{i}\n  workloadName: server\n  canonicalName: server\n  canonicalRevision: v1\n",
-            hbone_ip(i)
+        y += &workload(
+            &format!("server-{i}"),
+            SERVER_NAMESPACE,
+            "server",
+            hbone_ip(i),
+            &format!("node-b{i}"),
+            "server",
         );
     }
     y += "services: []\n";
@@ -190,15 +309,15 @@ pub fn policies_yaml(n: usize, port: u16) -> String {
     for i in 0..n - usize::from(allow) {
         head(&mut y, i, "Deny");
         y += &format!(
-            "  - - - principals: [{{exact: \"cluster.local/ns/other-{i}/sa/x\"}}]\n        \
+            "  - - - principals: [!Exact \"cluster.local/ns/other-{i}/sa/x\"]\n        \
              destinationPorts: [{port}]\n  \
-             - - - namespaces: [{{exact: other-{i}}}]\n        sourceIps: [\"10.9.0.0/16\"]\n"
+             - - - namespaces: [!Exact \"other-{i}\"]\n        sourceIps: [\"10.9.0.0/16\"]\n"
         );
     }
     if allow {
         head(&mut y, n - 1, "Allow");
         y += &format!(
-            "  - - - principals: [{{exact: \"{CLIENT_PRINCIPAL}\"}}]\n        destinationPorts: [{port}]\n"
+            "  - - - principals: [!Exact \"{CLIENT_PRINCIPAL}\"]\n        destinationPorts: [{port}]\n"
         );
     }
     y
@@ -220,22 +339,29 @@ fn write_pair_config(
     Ok(path)
 }
 
-/// The capture rules of node A (nftables, egress on the veth only).
-pub fn capture_rules(veth: &str, sets: usize) -> String {
+/// The capture rules of a client node (nftables, egress on the veth
+/// only): each `(destination port, proxy port)` is redirected to the
+/// proxy's listener, except the proxies' own sockets (mark 0x539, set by
+/// ringway and by ztunnel's `PACKET_MARK`) and the direct port.
+pub fn capture_rules(veth: &str, redirects: &[(u16, u16)]) -> String {
     let mut r = format!(
         "table inet rwperf {{\n chain out {{ type nat hook output priority -100; policy accept;\n  \
-         oifname \"{veth}\" meta mark & 0xfff == 0x539 return\n  \
-         oifname \"{veth}\" tcp dport {DIRECT_PORT} return\n"
+         oifname \"{veth}\" meta mark & 0xfff == {:#x} return\n  \
+         oifname \"{veth}\" tcp dport {DIRECT_PORT} return\n",
+        ztunnel::MARK
     );
-    for i in 0..sets {
-        r += &format!(
-            "  oifname \"{veth}\" tcp dport {} redirect to :{}\n",
-            captured_port(i),
-            outbound_port(i)
-        );
+    for (dport, to) in redirects {
+        r += &format!("  oifname \"{veth}\" tcp dport {dport} redirect to :{to}\n");
     }
     r += " }\n}\n";
     r
+}
+
+/// Node A's redirects: each set's captured port to its ringway A.
+fn ringway_redirects(sets: usize) -> Vec<(u16, u16)> {
+    (0..sets)
+        .map(|i| (captured_port(i), outbound_port(i)))
+        .collect()
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -261,16 +387,18 @@ impl Nodes {
         let b_refs: Vec<&str> = b_ips.iter().map(String::as_str).collect();
         let (ia, _) = rig::veth(&a, &[&format!("{CLIENT_IP}/24")], &b, &b_refs)?;
         for ns in [&a, &b] {
-            // Connect-rate scenarios open tens of thousands of connections
-            // a second: reuse TIME_WAIT ports, use a wide port range.
-            ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
-            ns.sysctl("net.ipv4.ip_local_port_range", "16384 65535")?;
+            tune(ns)?;
         }
-        a.nft(&capture_rules(&ia, n))?;
+        a.nft(&capture_rules(&ia, &ringway_redirects(n)))?;
 
         let shared = work.0.join("mesh.yaml");
         std::fs::write(&shared, mesh_config(n, 0, 0))?;
         let ca = work.0.join("ca");
+        // With ztunnel in the rig, everyone chains to its fake CA's root;
+        // otherwise the first ringway creates a CA and the others find it.
+        if let Some(bin) = &cfg.ztunnel {
+            ztunnel::write_shared_ca(bin, &ca)?;
+        }
 
         let mut listen = vec![SocketAddr::from(([0, 0, 0, 0], DIRECT_PORT))];
         listen.extend((0..n).map(|i| SocketAddr::from(([0, 0, 0, 0], captured_port(i)))));
@@ -302,7 +430,6 @@ impl Nodes {
                 Some(p) => write_pair_config(&work.0, n, i, p)?,
                 None => shared.clone(),
             };
-            // The first ringway creates the CA; the others find it.
             let mut a_args = common("node-a", &config, cores);
             a_args.extend(strings(&[
                 "--outbound-addr",
@@ -350,8 +477,19 @@ impl Nodes {
                 b: rb,
             });
         }
+        let ztunnel = match &cfg.ztunnel {
+            Some(bin) => Some(ZtunnelNodes::start(
+                bin,
+                &shared,
+                &cfg.log_dir,
+                &cfg.log_level,
+                progress,
+            )?),
+            None => None,
+        };
         let mut nodes = Nodes {
             peer: None,
+            ztunnel,
             sets,
             specs: cfg.sets.clone(),
             placement: (0..n).collect(),
@@ -410,6 +548,10 @@ impl Nodes {
                 );
             }
         }
+        if let Some(z) = &mut self.ztunnel {
+            z.a.check_alive()?;
+            z.b.check_alive()?;
+        }
         Ok(())
     }
 
@@ -429,6 +571,14 @@ impl Nodes {
                         self.sets[0].b.restart(&self.b)?;
                     }
                     p.restart(&self.a)?;
+                }
+            }
+            (Kind::ZtunnelPassthrough | Kind::ZtunnelHbone, _) => {
+                if let Some(z) = &mut self.ztunnel {
+                    if v.kind == Kind::ZtunnelHbone {
+                        z.b.restart(&z.zb)?;
+                    }
+                    z.a.restart(&z.za)?;
                 }
             }
             _ => {}
@@ -511,6 +661,7 @@ impl Nodes {
             }
             k
         };
+        let node_a = self.a.name.clone();
         let mut v = vec![Variant {
             key: "direct".into(),
             label: "direct".into(),
@@ -520,6 +671,8 @@ impl Nodes {
             dialer: Dialer::direct(SocketAddr::from((PLAIN_IP, DIRECT_PORT))).bind(client),
             procs: Processes::default(),
             policies: None,
+            netns: node_a.clone(),
+            compare: None,
         }];
         for (j, &i) in self.placement.iter().enumerate() {
             let s = &self.sets[i];
@@ -539,6 +692,8 @@ impl Nodes {
                         .bind(client),
                     procs: Processes::new(vec![s.a.pid()]),
                     policies: None,
+                    netns: node_a.clone(),
+                    compare: None,
                 });
             }
             v.push(Variant {
@@ -551,6 +706,8 @@ impl Nodes {
                     .bind(client),
                 procs: Processes::new(vec![s.a.pid(), s.b.pid()]),
                 policies: s.spec.policies,
+                netns: node_a.clone(),
+                compare: None,
             });
         }
         if let Some((spec, p)) = &self.peer {
@@ -571,19 +728,62 @@ impl Nodes {
                 dialer: Dialer::via_socks5(target, spec.socks).bind(client),
                 procs: Processes::new(pids),
                 policies: None,
+                netns: node_a.clone(),
+                compare: Some(match spec.target {
+                    PeerTarget::Plain => Kind::Passthrough,
+                    PeerTarget::Hbone => Kind::Hbone,
+                }),
             });
+        }
+        if let Some(z) = &self.ztunnel {
+            // The same addresses and port as ringway's set 0, in ZA.
+            for (kind, key, dst, pids) in [
+                (
+                    Kind::ZtunnelPassthrough,
+                    "passthrough",
+                    PLAIN_IP,
+                    vec![z.a.pid()],
+                ),
+                (
+                    Kind::ZtunnelHbone,
+                    "hbone",
+                    hbone_ip(0),
+                    vec![z.a.pid(), z.b.pid()],
+                ),
+            ] {
+                v.push(Variant {
+                    key: format!("ztunnel-{key}"),
+                    label: format!("ztunnel {key}"),
+                    kind,
+                    set: None,
+                    cores: None,
+                    dialer: Dialer::direct(SocketAddr::from((dst, captured_port(0)))).bind(client),
+                    procs: Processes::new(pids),
+                    policies: None,
+                    netns: z.za.name.clone(),
+                    compare: Some(match kind {
+                        Kind::ZtunnelPassthrough => Kind::Passthrough,
+                        _ => Kind::Hbone,
+                    }),
+                });
+            }
         }
         v
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Kind {
     Direct,
     Passthrough,
     Hbone,
+    /// The `--peer-cmd` proxy, through SOCKS5.
     Peer,
+    /// Captured → ztunnel A → the non-mesh destination (nodes ZA, ZB).
+    ZtunnelPassthrough,
+    /// Captured → ztunnel A → HBONE → ztunnel B → sink.
+    ZtunnelHbone,
 }
 
 /// One column of the results: a way from the client to the sink.
@@ -600,6 +800,10 @@ pub struct Variant {
     pub procs: Processes,
     /// HBONE through a `--policies` set: the policies on the destination.
     pub policies: Option<usize>,
+    /// The network namespace the load generator runs in.
+    pub netns: String,
+    /// Another proxy's column: the kind of ringway column it compares with.
+    pub compare: Option<Kind>,
 }
 
 fn pids<S: serde::Serializer>(p: &Processes, s: S) -> Result<S::Ok, S::Error> {
@@ -675,10 +879,37 @@ mod tests {
 
     #[test]
     fn capture_rules_skip_direct_port_and_marked_sockets() {
-        let r = capture_rules("veth0", 2);
+        let r = capture_rules("veth0", &ringway_redirects(2));
         assert!(r.contains("tcp dport 5201 return"));
         assert!(r.contains("0x539 return"));
         assert!(r.contains("tcp dport 5300 redirect to :16001"));
         assert!(r.contains("tcp dport 5301 redirect to :16101"));
+        let z = capture_rules("vz", &[(captured_port(0), ztunnel::OUTBOUND_PORT)]);
+        assert!(z.contains("oifname \"vz\" meta mark & 0xfff == 0x539 return"));
+        assert!(z.contains("tcp dport 5300 redirect to :15001"));
+    }
+
+    /// No connection may take one of ztunnel's fixed ports as its local
+    /// port, or a restarted ztunnel could not bind it.
+    #[test]
+    fn ztunnel_ports_are_not_ephemeral() {
+        let (lo, hi) = EPHEMERAL_PORTS;
+        for p in ztunnel::FIXED_PORTS {
+            assert!(!(lo..=hi).contains(&p), "{p}");
+        }
+        assert!(hi as usize - lo as usize > 40_000, "still a wide range");
+    }
+
+    /// ztunnel rejects a workload without `services` and defaults its
+    /// trust domain to "": the config names both on every workload.
+    #[test]
+    fn config_serves_ztunnel_too() {
+        let y = mesh_config(2, 0, 0);
+        assert_eq!(y.matches("- uid: ").count(), 3);
+        assert_eq!(y.matches("  services: {}\n").count(), 3);
+        assert_eq!(y.matches("  trustDomain: cluster.local\n").count(), 3);
+        let p = policies_yaml(10, 5300);
+        assert_eq!(p.matches("dryRun: false").count(), 10);
+        assert!(!p.contains("exact:"), "string matches are YAML tags: {p}");
     }
 }

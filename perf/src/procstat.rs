@@ -71,6 +71,39 @@ pub fn with_descendants(roots: &[u32]) -> Vec<u32> {
     all
 }
 
+/// The threads (task ids) of `pids`.
+pub fn threads(pids: &[u32]) -> Vec<u32> {
+    let mut tids = Vec::new();
+    for pid in pids {
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            tids.extend(
+                dir.flatten()
+                    .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok())),
+            );
+        }
+    }
+    tids.sort_unstable();
+    tids.dedup();
+    tids
+}
+
+/// Context switches of one thread so far: (voluntary, involuntary), from
+/// /proc/<tid>/status (a process's own status only counts its main thread).
+pub fn ctx_switches(tid: u32) -> io::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| io::Error::other(format!("no {name} in /proc/{tid}/status")))
+    };
+    Ok((
+        field("voluntary_ctxt_switches:")?,
+        field("nonvoluntary_ctxt_switches:")?,
+    ))
+}
+
 /// The processes that make up one proxy variant (e.g. both ringways of an
 /// HBONE path). Empty for "no proxy".
 #[derive(Clone, Debug, Default)]
@@ -102,6 +135,11 @@ impl Processes {
             }
         }
         Ok(Some(total))
+    }
+
+    /// Every thread of the processes and their descendants, now.
+    pub fn threads(&self) -> Vec<u32> {
+        threads(&with_descendants(&self.roots))
     }
 
     /// Total resident memory (None without processes).
@@ -157,6 +195,25 @@ mod tests {
         assert!(x != 1);
         assert!(cpu_seconds(pid).unwrap() > 0.0);
         assert!(rss_bytes(pid).unwrap() > 100 * 1024);
+    }
+
+    #[test]
+    fn counts_threads_and_their_context_switches() {
+        let me = std::process::id();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv());
+        let tids = threads(&[me]);
+        assert!(tids.len() >= 2 && tids.contains(&me), "{tids:?}");
+        // The helper thread blocks in recv: at least one voluntary switch.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let total: u64 = tids
+            .iter()
+            .filter_map(|&t| ctx_switches(t).ok())
+            .map(|(v, _)| v)
+            .sum();
+        assert!(total >= 1);
+        tx.send(()).unwrap();
+        t.join().unwrap().unwrap();
     }
 
     #[test]

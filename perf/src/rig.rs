@@ -246,7 +246,7 @@ pub struct Proxy {
 }
 
 /// Opens a log file: truncated on first start, appended to on restarts.
-fn open_log(path: &Path, append: bool) -> anyhow::Result<File> {
+pub(crate) fn open_log(path: &Path, append: bool) -> anyhow::Result<File> {
     let mut o = std::fs::OpenOptions::new();
     o.create(true).write(true);
     if append {

@@ -63,7 +63,28 @@ pub struct RrResult {
     pub proxy_cpu_s_per_1k_requests: Option<f64>,
 }
 
+/// Where [`run_probed`] is in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Every connection is set up; the timed requests start next.
+    Start,
+    /// The timed requests are done (or failed).
+    Stop,
+}
+
 pub fn run(dialer: &Dialer, p: Params, procs: &Processes) -> io::Result<RrResult> {
+    run_probed(dialer, p, procs, &mut |_| {})
+}
+
+/// [`run`], calling `probe` right before the timed requests start and
+/// right after they end: whatever it measures covers exactly the requests
+/// counted (and the proxy CPU), not the connection setup.
+pub fn run_probed(
+    dialer: &Dialer,
+    p: Params,
+    procs: &Processes,
+    probe: &mut dyn FnMut(Phase),
+) -> io::Result<RrResult> {
     if p.connections == 0 || p.size == 0 {
         return Err(io::Error::other(
             "rr needs ≥ 1 connection and ≥ 1-byte requests",
@@ -80,6 +101,7 @@ pub fn run(dialer: &Dialer, p: Params, procs: &Processes) -> io::Result<RrResult
         })
         .collect();
     barrier.wait();
+    probe(Phase::Start);
     let cpu = CpuMeter::start(procs);
     barrier.wait();
     let cpu = cpu?;
@@ -100,7 +122,9 @@ pub fn run(dialer: &Dialer, p: Params, procs: &Processes) -> io::Result<RrResult
             }
         }
     }
-    let proxy_cpu_s = cpu.finish()?;
+    let proxy_cpu_s = cpu.finish();
+    probe(Phase::Stop);
+    let proxy_cpu_s = proxy_cpu_s?;
     if let Some(e) = first_err {
         return Err(e);
     }

@@ -10,7 +10,7 @@ use crate::dial::Dialer;
 use crate::procstat::Processes;
 use crate::report::MetricDef;
 use crate::units::fmt_size;
-use crate::{connect, idle, rr, throughput};
+use crate::{connect, idle, kernel, rr, throughput};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -19,6 +19,9 @@ pub enum Kind {
     Rr,
     Connect,
     Idle,
+    /// `rr` while the proxies' system calls and context switches are
+    /// counted (see `kernel`).
+    RrKernel,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -28,7 +31,12 @@ pub enum Scenario {
     Rr(rr::Params),
     Connect(connect::Params),
     Idle(idle::Params),
+    #[serde(rename = "rr-kernel")]
+    RrKernel(rr::Params),
 }
+
+/// Prefix of the per-type system-call rows of `rr-kernel`.
+pub const SYSCALL_ROW: &str = "rr-kernel.syscall.";
 
 /// One run's outcome.
 pub struct Measured {
@@ -60,6 +68,12 @@ impl Scenario {
                 format!("connect × {}, {}", p.concurrency, p.limit.describe("conn"))
             }
             Scenario::Idle(p) => format!("idle {} connections", p.connections),
+            Scenario::RrKernel(p) => format!(
+                "rr kernel counts {} B × {} conn, {}",
+                p.size,
+                p.connections,
+                p.limit.describe("req")
+            ),
         }
     }
 
@@ -70,11 +84,17 @@ impl Scenario {
             Scenario::Rr(_) => "rr".into(),
             Scenario::Connect(_) => "connect".into(),
             Scenario::Idle(_) => "idle".into(),
+            Scenario::RrKernel(_) => "rr-kernel".into(),
         }
     }
 
     /// Only meaningful through a proxy (it measures the proxy).
     pub fn needs_proxy(&self) -> bool {
+        matches!(self, Scenario::Idle(_) | Scenario::RrKernel(_))
+    }
+
+    /// Runs on freshly started proxy processes (memory from a clean slate).
+    pub fn needs_fresh_proxy(&self) -> bool {
         matches!(self, Scenario::Idle(_))
     }
 
@@ -181,6 +201,73 @@ impl Scenario {
                     opt(r.proxy_rss_closed.map(mib), 1),
                 );
                 (serde_json::to_value(&r)?, s, None)
+            }
+            Scenario::RrKernel(p) => {
+                let r = kernel::run(dialer, *p, procs)?;
+                let k = &r.per_1k_requests;
+                push(
+                    def("cpu_ms_per_1k", "proxy CPU ms/1k requests", false, 1),
+                    k.proxy_cpu_ms,
+                );
+                push(
+                    def("syscalls_per_1k", "syscalls/1k requests", false, 0),
+                    k.syscalls,
+                );
+                push(
+                    def(
+                        "io_uring_per_1k",
+                        "io_uring submissions/1k requests",
+                        false,
+                        0,
+                    ),
+                    k.io_uring_submissions,
+                );
+                push(
+                    def("cs_per_1k", "context switches/1k requests", false, 0),
+                    Some(k.ctx_switches),
+                );
+                push(
+                    def("cs_vol_per_1k", "voluntary switches/1k requests", false, 0),
+                    Some(k.voluntary_ctx_switches),
+                );
+                push(
+                    def(
+                        "cs_invol_per_1k",
+                        "involuntary switches/1k requests",
+                        false,
+                        0,
+                    ),
+                    Some(k.involuntary_ctx_switches),
+                );
+                push(
+                    def("rps", "requests/s while counting", true, 0),
+                    Some(r.rr.requests_per_s),
+                );
+                for (name, v) in &k.syscalls_by_type {
+                    push(
+                        MetricDef::new(
+                            format!("{SYSCALL_ROW}{name}"),
+                            &label,
+                            &format!("{name}/1k requests"),
+                            false,
+                            0,
+                        ),
+                        Some(*v),
+                    );
+                }
+                let s = format!(
+                    "{:8.0} req/s  per 1k requests: {} syscalls, {} io_uring, {:.0} context switches{}",
+                    r.rr.requests_per_s,
+                    opt(k.syscalls, 0),
+                    opt(k.io_uring_submissions, 0),
+                    k.ctx_switches,
+                    cpu_note(r.rr.proxy_cpu_s_per_1k_requests, "s/1k req")
+                );
+                let warning = r
+                    .syscalls
+                    .is_none()
+                    .then(|| format!("system calls {}", r.syscall_counter));
+                (serde_json::to_value(&r)?, s, warning)
             }
         };
         Ok(Measured {

@@ -25,7 +25,7 @@ use crate::nodes::{
 };
 use crate::report::{fmt_num, markdown_table, Collector, MetricSummary};
 use crate::rr::Limit;
-use crate::scenario::{Kind, Scenario};
+use crate::scenario::{Kind, Scenario, SYSCALL_ROW};
 use crate::throughput::Direction;
 use crate::units::{fmt_duration, fmt_size, parse_duration, parse_size};
 use crate::{connect, idle, rig, rr, throughput};
@@ -51,7 +51,7 @@ pub struct SuiteArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "throughput,rr,connect,idle"
+        default_value = "throughput,rr,rr-kernel,connect,idle"
     )]
     pub scenarios: Vec<Kind>,
     /// Bytes per throughput run, split evenly over the streams (default
@@ -72,6 +72,11 @@ pub struct SuiteArgs {
     /// rr connections, each with one request in flight.
     #[arg(long, default_value_t = 1)]
     pub rr_connections: usize,
+    /// rr-kernel duration per run: rr (same size and connections) while
+    /// the proxies' system calls and context switches are counted
+    /// (default 3s; quick 1s).
+    #[arg(long, value_parser = parse_duration)]
+    pub rr_kernel_duration: Option<Duration>,
     /// connect duration per run (default 5s; quick 1s).
     #[arg(long, value_parser = parse_duration)]
     pub connect_duration: Option<Duration>,
@@ -98,6 +103,15 @@ pub struct SuiteArgs {
     /// every pair of values.
     #[arg(long = "policies", value_delimiter = ',')]
     pub policies: Vec<usize>,
+    /// A known reference proxy, set up completely by the suite:
+    /// `ztunnel` (Istio's ztunnel at RINGWAY_ZTUNNEL, else
+    /// ../shared/peers/ztunnel/ztunnel beside the repository) or
+    /// `ztunnel=<path>`. Adds the columns "ztunnel passthrough" and "ztunnel
+    /// hbone" (two ztunnels, like ringway A and B) on a node pair of their
+    /// own, captured like ringway's, and puts every ringway on the root of
+    /// ztunnel's fake CA. See perf/README.md.
+    #[arg(long, value_name = "ztunnel[=PATH]", value_parser = parse_peer)]
+    pub peer: Option<KnownPeer>,
     /// SOCKS5 address of a peer proxy (an extra column); needs --peer-cmd.
     #[arg(long, requires = "peer_cmd")]
     pub peer_socks: Option<SocketAddr>,
@@ -150,6 +164,24 @@ pub fn parse_cores(s: &str) -> Result<String, String> {
     Ok(t.to_string())
 }
 
+/// A `--peer` value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KnownPeer {
+    /// ztunnel, at this path or (None) the default one.
+    Ztunnel(Option<PathBuf>),
+}
+
+pub fn parse_peer(s: &str) -> Result<KnownPeer, String> {
+    match s.split_once('=') {
+        None if s == "ztunnel" => Ok(KnownPeer::Ztunnel(None)),
+        Some(("ztunnel", p)) if !p.is_empty() => Ok(KnownPeer::Ztunnel(Some(PathBuf::from(p)))),
+        _ => Err(format!(
+            "unknown --peer {s:?}: `ztunnel` or `ztunnel=<path>` (for another proxy use \
+             --peer-socks and --peer-cmd)"
+        )),
+    }
+}
+
 /// CPUs a `--cores` value stands for ("2" → 2, "0-1,3-3" → 3).
 pub fn cpu_count(cores: &str) -> Option<usize> {
     if !cores.contains(['-', ',']) {
@@ -175,7 +207,17 @@ pub struct Settings {
     pub policies: Vec<usize>,
     pub calibrate: Option<calibrate::Params>,
     pub peer: Option<PeerSettings>,
+    pub ztunnel: Option<ZtunnelSettings>,
     pub proxy_log_level: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ZtunnelSettings {
+    pub path: PathBuf,
+    /// `ztunnel version`.
+    pub version: Option<String>,
+    /// ZTUNNEL_WORKER_THREADS as inherited (None: ztunnel's default, 2).
+    pub worker_threads: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -221,6 +263,11 @@ impl Settings {
                     connections: a.idle_connections.unwrap_or(if q { 200 } else { 1000 }),
                     settle: pick(a.idle_settle, 2_000, 500),
                 })),
+                Kind::RrKernel => scenarios.push(Scenario::RrKernel(rr::Params {
+                    size: a.rr_size.max(1),
+                    connections: a.rr_connections.max(1),
+                    limit: Limit::Duration(pick(a.rr_kernel_duration, 3_000, 1_000)),
+                })),
             }
         }
         anyhow::ensure!(!scenarios.is_empty(), "no scenario selected");
@@ -253,6 +300,17 @@ impl Settings {
             }),
             _ => None,
         };
+        let ztunnel = match &a.peer {
+            Some(KnownPeer::Ztunnel(path)) => {
+                let path = crate::ztunnel::locate(path.as_deref())?;
+                Some(ZtunnelSettings {
+                    version: crate::ztunnel::version(&path),
+                    worker_threads: std::env::var("ZTUNNEL_WORKER_THREADS").ok(),
+                    path,
+                })
+            }
+            None => None,
+        };
         Ok(Settings {
             quick: q,
             rounds,
@@ -261,6 +319,7 @@ impl Settings {
             policies,
             calibrate,
             peer,
+            ztunnel,
             proxy_log_level: a.proxy_log_level.clone(),
         })
     }
@@ -366,6 +425,8 @@ pub struct Report {
     pub metrics: Vec<MetricSummary>,
     pub scaling: Vec<ScalingRow>,
     pub policy_cost: Vec<PolicyRow>,
+    /// ringway against each other proxy's column of the same path.
+    pub vs_peers: Vec<PeerRatio>,
     pub runs: Vec<RunRecord>,
     pub notes: Vec<String>,
     pub failed_runs: usize,
@@ -416,6 +477,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
                 socks: p.socks,
                 target: p.target,
             }),
+            ztunnel: settings.ztunnel.as_ref().map(|z| z.path.clone()),
         },
         &mut |l| progress.line(l),
     )?;
@@ -437,6 +499,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
     let metrics = collector.summarize(0);
     let scaling = scaling(&metrics, &variants);
     let policy_cost = policy_cost(&metrics, &variants);
+    let vs_peers = vs_peers(&metrics, &variants);
     let mut report = Report {
         machine,
         settings,
@@ -446,6 +509,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
         metrics,
         scaling,
         policy_cost,
+        vs_peers,
         runs,
         notes,
         charts: Vec::new(),
@@ -491,7 +555,11 @@ fn measure(
     let mut runs = Vec::new();
     let mut notes = Vec::new();
     let result = (|| -> anyhow::Result<()> {
-        warm_up(nodes, &variants, progress)?;
+        let kernel = settings.scenarios.iter().find_map(|s| match s {
+            Scenario::RrKernel(p) => Some(*p),
+            _ => None,
+        });
+        warm_up(nodes, &variants, kernel, progress)?;
         let counts = settings.policies.len();
         if counts > 1 && !settings.rounds.is_multiple_of(counts) {
             notes.push(format!(
@@ -520,17 +588,17 @@ fn measure(
                     .filter(|v| matches!(v.kind, VariantKind::Passthrough | VariantKind::Hbone))
                     .cloned()
                     .collect();
-                warm_up(nodes, &moved, progress)?;
+                warm_up(nodes, &moved, None, progress)?;
             }
             for (si, scenario) in settings.scenarios.iter().enumerate() {
                 let label = scenario.label();
                 let n = variants.len();
                 for k in 0..n {
                     let vi = (round + si + k) % n;
-                    if scenario.needs_proxy() {
-                        if variants[vi].procs.is_empty() {
-                            continue;
-                        }
+                    if scenario.needs_proxy() && variants[vi].procs.is_empty() {
+                        continue;
+                    }
+                    if scenario.needs_fresh_proxy() {
                         // Memory from a clean slate: fresh proxy processes.
                         nodes
                             .restart_for(&variants[vi])
@@ -541,7 +609,7 @@ fn measure(
                     done += 1;
                     let (s2, d, p) = (scenario.clone(), v.dialer.clone(), v.procs.clone());
                     let t0 = Instant::now();
-                    let r = nodes.a.enter(move || s2.run(&d, &p))?;
+                    let r = rig::in_netns(&v.netns, move || s2.run(&d, &p))?;
                     let seconds = t0.elapsed().as_secs_f64();
                     let head = format!(
                         "[{done:>3}/{total}] round {}/{} {label:<30} {:<width$}",
@@ -599,7 +667,14 @@ fn measure(
 
 /// A short, unrecorded pass over every variant: TLS pools, page cache, TCP
 /// autotuning. A variant that cannot move bytes fails the suite here.
-fn warm_up(nodes: &mut Nodes, variants: &[Variant], progress: &Progress) -> anyhow::Result<()> {
+/// With `kernel` (the rr-kernel scenario's parameters), each proxy column
+/// also shows which system-call types it makes (`kernel::discover`).
+fn warm_up(
+    nodes: &mut Nodes,
+    variants: &[Variant],
+    kernel: Option<rr::Params>,
+    progress: &Progress,
+) -> anyhow::Result<()> {
     let warm = [
         Scenario::Throughput(throughput::Params {
             streams: 1,
@@ -619,10 +694,17 @@ fn warm_up(nodes: &mut Nodes, variants: &[Variant], progress: &Progress) -> anyh
     for v in variants {
         for s in &warm {
             let (s2, d, p) = (s.clone(), v.dialer.clone(), v.procs.clone());
-            nodes
-                .a
-                .enter(move || s2.run(&d, &p))?
+            rig::in_netns(&v.netns, move || s2.run(&d, &p))?
                 .with_context(|| format!("warm-up of {} ({}) failed", v.label, s.label()))?;
+        }
+        if let Some(p) = kernel.filter(|_| !v.procs.is_empty()) {
+            let (d, procs) = (v.dialer.clone(), v.procs.clone());
+            match rig::in_netns(&v.netns, move || crate::kernel::discover(&d, p, &procs))? {
+                Ok(types) => {
+                    progress.line(&format!("system calls of {}: {}", v.label, types.join(" ")))
+                }
+                Err(e) => progress.line(&format!("system calls of {}: {e}", v.label)),
+            }
         }
         nodes.check_alive()?;
         progress.line(&format!("warmed up {}", v.label));
@@ -723,6 +805,222 @@ fn policy_cost(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<PolicyRow
         }
     }
     rows
+}
+
+/// One metric: a ringway column against another proxy's column of the
+/// same path (passthrough or HBONE), from the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerRatio {
+    pub id: String,
+    pub scenario: String,
+    pub metric: String,
+    pub higher_is_better: bool,
+    pub ringway: String,
+    pub peer: String,
+    pub ringway_median: Option<f64>,
+    pub peer_median: Option<f64>,
+    /// ringway ÷ peer.
+    pub ratio: Option<f64>,
+}
+
+/// The ringway column another proxy's column is compared with: the first
+/// of its kind (set 0: the first `--cores` value, the smallest
+/// `--policies` count).
+fn ringway_counterpart<'a>(peer: &Variant, variants: &'a [Variant]) -> Option<&'a Variant> {
+    let kind = peer.compare?;
+    variants.iter().find(|v| v.kind == kind)
+}
+
+/// Every metric of every ringway column that has a counterpart in another
+/// proxy, as ringway ÷ that proxy.
+fn vs_peers(metrics: &[MetricSummary], variants: &[Variant]) -> Vec<PeerRatio> {
+    let mut rows = Vec::new();
+    for peer in variants.iter().filter(|v| v.compare.is_some()) {
+        let Some(rw) = ringway_counterpart(peer, variants) else {
+            continue;
+        };
+        for m in metrics {
+            let (a, b) = (m.median_of(&rw.key), m.median_of(&peer.key));
+            if a.is_none() && b.is_none() {
+                continue;
+            }
+            rows.push(PeerRatio {
+                id: m.def.id.clone(),
+                scenario: m.def.scenario.clone(),
+                metric: m.def.name.clone(),
+                higher_is_better: m.def.higher_is_better,
+                ringway: rw.key.clone(),
+                peer: peer.key.clone(),
+                ringway_median: a,
+                peer_median: b,
+                ratio: crate::stats::ratio(a, b),
+            });
+        }
+    }
+    rows
+}
+
+/// The ringway ÷ other-proxy table of results.md: direct, then for each
+/// other proxy's column its ringway counterpart, itself and the ratio.
+fn peers_markdown(rows: &[PeerRatio], metrics: &[MetricSummary], variants: &[Variant]) -> String {
+    let label = |key: &str| {
+        variants
+            .iter()
+            .find(|v| v.key == key)
+            .map_or(key.to_string(), |v| v.label.clone())
+    };
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for r in rows {
+        let pair = (r.ringway.clone(), r.peer.clone());
+        if !pairs.contains(&pair) {
+            pairs.push(pair);
+        }
+    }
+    // ztunnel's two columns are one proxy: name it once.
+    let proxy = |key: &str| match variants.iter().find(|v| v.key == key) {
+        Some(v)
+            if matches!(
+                v.kind,
+                VariantKind::ZtunnelPassthrough | VariantKind::ZtunnelHbone
+            ) =>
+        {
+            "ztunnel".to_string()
+        }
+        _ => label(key),
+    };
+    let names = dedup(&pairs.iter().map(|(_, p)| proxy(p)).collect::<Vec<_>>());
+    let mut s = format!(
+        "\n## ringway ÷ {}\n\n\
+         Each other proxy's column next to the ringway column of the same path{}, from the same \
+         run: median, (× direct), and **ringway ÷ other**. For ↑ rows a ratio above 1 favours ringway; \
+         for ↓ rows (latency, CPU, memory, kernel work) a ratio below 1 does.\n\n| scenario | metric | direct |",
+        names.join(", "),
+        if variants.iter().any(|v| v.cores.is_some() || v.policies.is_some()) {
+            " (its first `--cores` / `--policies` column)"
+        } else {
+            ""
+        }
+    );
+    for (rw, peer) in &pairs {
+        s += &format!(
+            " {} | {} | ringway ÷ {} |",
+            label(rw),
+            label(peer),
+            proxy(peer)
+        );
+    }
+    s += "\n|---|---|---:|";
+    s += &"---:|---:|---:|".repeat(pairs.len());
+    s += "\n";
+    let mut last_scenario = "";
+    for m in metrics {
+        let cell = |key: &str| {
+            let v = m.values.iter().find(|v| v.variant == key);
+            let mut c = fmt_num(v.and_then(|v| v.median), m.def.digits);
+            if let Some(r) = v
+                .and_then(|v| v.ratio_vs_direct)
+                .filter(|_| key != "direct")
+            {
+                c += &format!(" ({r:.2}×)");
+            }
+            c
+        };
+        let mut line = String::new();
+        let mut any = false;
+        for (rw, peer) in &pairs {
+            let ratio = rows
+                .iter()
+                .find(|r| r.id == m.def.id && &r.ringway == rw && &r.peer == peer)
+                .and_then(|r| r.ratio);
+            any |= ratio.is_some();
+            line += &format!(
+                " {} | {} | {} |",
+                cell(rw),
+                cell(peer),
+                ratio.map_or("–".into(), |x| format!("**{x:.2}×**"))
+            );
+        }
+        if !any {
+            continue;
+        }
+        let scenario = match m.def.scenario == last_scenario {
+            true => "",
+            false => &m.def.scenario,
+        };
+        last_scenario = &m.def.scenario;
+        let arrow = if m.def.higher_is_better { "↑" } else { "↓" };
+        s += &format!(
+            "| {scenario} | {} {arrow} | {} |{line}\n",
+            m.def.name,
+            cell("direct")
+        );
+    }
+    s
+}
+
+/// How many system-call types the kernel section lists by name.
+const TOP_SYSCALLS: usize = 10;
+
+/// The rr-kernel section of results.md: the most frequent system calls
+/// per 1000 requests for every proxy column, and how they were counted.
+fn kernel_markdown(r: &Report) -> String {
+    let types: Vec<&MetricSummary> = r
+        .metrics
+        .iter()
+        .filter(|m| m.def.id.starts_with(SYSCALL_ROW))
+        .collect();
+    // How the counting went: a run that counted, else the first reason.
+    let counted = |run: &&RunRecord| {
+        run.result
+            .as_ref()
+            .is_some_and(|x| x.get("syscalls").is_some_and(|c| !c.is_null()))
+    };
+    let method = r
+        .runs
+        .iter()
+        .find(counted)
+        .into_iter()
+        .chain(r.runs.iter())
+        .filter_map(|run| run.result.as_ref()?.get("syscall_counter")?.as_str())
+        .next();
+    let Some(method) = method else {
+        return String::new();
+    };
+    let mut s = String::from("\n## Kernel work per request (rr-kernel)\n\n");
+    if types.is_empty() {
+        return s + &format!("System calls were {method}.\n");
+    }
+    s += &format!(
+        "System calls per 1000 requests by type (the {TOP_SYSCALLS} most frequent in any column; \
+         medians over rounds, so they need not add up to the total above), summed over each \
+         column's proxy processes. Counted with: {method}. Context switches: \
+         voluntary_ctxt_switches + nonvoluntary_ctxt_switches of every proxy thread in \
+         /proc/<tid>/status. ringway does most socket work as io_uring requests, counted apart \
+         (io_uring submissions) in the table above.\n\n| system call |"
+    );
+    let proxies: Vec<&Variant> = r.variants.iter().filter(|v| !v.procs.is_empty()).collect();
+    for v in &proxies {
+        s += &format!(" {} |", v.label);
+    }
+    s += "\n|---|";
+    s += &"---:|".repeat(proxies.len());
+    s += "\n";
+    let peak = |m: &MetricSummary| {
+        proxies
+            .iter()
+            .filter_map(|v| m.median_of(&v.key))
+            .fold(0.0, f64::max)
+    };
+    let mut ranked = types.clone();
+    ranked.sort_by(|a, b| peak(b).total_cmp(&peak(a)));
+    for m in ranked.iter().take(TOP_SYSCALLS) {
+        s += &format!("| `{}` |", &m.def.id[SYSCALL_ROW.len()..]);
+        for v in &proxies {
+            s += &format!(" {} |", fmt_num(m.median_of(&v.key), 0));
+        }
+        s += "\n";
+    }
+    s
 }
 
 /// The policy-cost tables of results.md.
@@ -880,11 +1178,22 @@ fn markdown(r: &Report) -> String {
         "- **method**: {} rounds; in every round each scenario runs once per variant, in an order that rotates \
          with round and scenario. Values are medians over rounds; `(0.52×)` is the ratio to direct in this run; \
          ↑ higher is better, ↓ lower is better. Proxy CPU and RSS are summed over the variant's proxy processes \
-         (hbone: ringway A + ringway B). The load generator, the sink and the proxies share the machine.\n\n",
+         (hbone: ringway A + ringway B; ztunnel hbone: ztunnel A + ztunnel B). The load generator, the sink and the proxies share the machine.\n\n",
         r.settings.rounds
     );
     let labels: Vec<String> = r.variants.iter().map(|v| v.label.clone()).collect();
-    s += &markdown_table(&r.metrics, &labels);
+    // Per-type system calls have a section of their own.
+    let main: Vec<MetricSummary> = r
+        .metrics
+        .iter()
+        .filter(|m| !m.def.id.starts_with(SYSCALL_ROW))
+        .cloned()
+        .collect();
+    s += &markdown_table(&main, &labels);
+    if !r.vs_peers.is_empty() {
+        s += &peers_markdown(&r.vs_peers, &main, &r.variants);
+    }
+    s += &kernel_markdown(r);
 
     if !r.scaling.is_empty() {
         s += "\n## Core scaling\n\nringway variants per `--cores` value (median; × vs the first value; per CPU).\n\n";
@@ -979,6 +1288,12 @@ fn describe_variant(v: &Variant) -> String {
             "captured → ringway A → HBONE (mTLS HTTP/2 CONNECT) → ringway B → sink"
         }
         VariantKind::Peer => "SOCKS5 CONNECT to the peer proxy in node A",
+        VariantKind::ZtunnelPassthrough => {
+            "in node ZA: captured by nftables → ztunnel A (:15001) → plain TCP to the non-mesh address in node ZB"
+        }
+        VariantKind::ZtunnelHbone => {
+            "in node ZA: captured → ztunnel A → HBONE (mTLS HTTP/2 CONNECT) → ztunnel B (node ZB) → sink"
+        }
     };
     let policies = match v.policies {
         Some(n) if n > 0 => format!("; the destination carries {n} authorization policies"),
@@ -1008,6 +1323,16 @@ fn describe_scenario(s: &Scenario) -> String {
         Scenario::Connect(p) => format!(
             "{} worker(s), each: connect, 1-byte request, 1-byte response, close; latency from connect() to the response byte",
             p.concurrency
+        ),
+        Scenario::RrKernel(p) => format!(
+            "{} connection(s), {}-byte requests and responses for {}, while the proxies' system calls \
+             (perf, by type), io_uring submissions and context switches (/proc) are counted; per 1000 requests",
+            p.connections,
+            p.size,
+            match p.limit {
+                Limit::Duration(d) => fmt_duration(d),
+                Limit::Count(c) => format!("{c} requests"),
+            }
         ),
         Scenario::Idle(p) => format!(
             "on freshly restarted proxies (one connection primes the path first): {} connections opened \
@@ -1053,7 +1378,79 @@ mod tests {
             dialer: crate::dial::Dialer::direct("127.0.0.1:1".parse().unwrap()),
             procs: crate::procstat::Processes::default(),
             policies,
+            netns: "rwpa".into(),
+            compare: None,
         }
+    }
+
+    #[test]
+    fn peer_values() {
+        assert_eq!(parse_peer("ztunnel"), Ok(KnownPeer::Ztunnel(None)));
+        assert_eq!(
+            parse_peer("ztunnel=/opt/zt"),
+            Ok(KnownPeer::Ztunnel(Some("/opt/zt".into())))
+        );
+        assert!(parse_peer("ztunnel=").is_err());
+        assert!(parse_peer("envoy").unwrap_err().contains("--peer-cmd"));
+    }
+
+    #[test]
+    fn ztunnel_columns_compare_with_ringway_of_the_same_path() {
+        let mut zp = variant(
+            "ztunnel-passthrough",
+            VariantKind::ZtunnelPassthrough,
+            None,
+            None,
+        );
+        zp.compare = Some(VariantKind::Passthrough);
+        zp.label = "ztunnel passthrough".into();
+        let mut zh = variant("ztunnel-hbone", VariantKind::ZtunnelHbone, None, None);
+        zh.compare = Some(VariantKind::Hbone);
+        zh.label = "ztunnel hbone".into();
+        let variants = [
+            variant("direct", VariantKind::Direct, None, None),
+            variant("passthrough", VariantKind::Passthrough, None, None),
+            variant("hbone", VariantKind::Hbone, None, None),
+            zp,
+            zh,
+        ];
+        let mut c = Collector::new(variants.iter().map(|v| v.key.clone()).collect());
+        let rps = crate::report::MetricDef::new("rr.rps", "rr", "requests/s", true, 0);
+        let sys = crate::report::MetricDef::new(
+            format!("{SYSCALL_ROW}splice"),
+            "rr kernel",
+            "splice/1k requests",
+            false,
+            0,
+        );
+        for (vi, x) in [
+            (0, 9000.0),
+            (1, 4000.0),
+            (2, 2000.0),
+            (3, 5000.0),
+            (4, 2500.0),
+        ] {
+            c.add(&rps, vi, x);
+        }
+        c.add(&sys, 1, 6000.0);
+        let metrics = c.summarize(0);
+        let rows = vs_peers(&metrics, &variants);
+        let r = rows
+            .iter()
+            .find(|r| r.id == "rr.rps" && r.peer == "ztunnel-hbone")
+            .unwrap();
+        assert_eq!(r.ringway, "hbone");
+        assert_eq!(r.ratio, Some(0.8));
+        let md = peers_markdown(&rows, &metrics[..1], &variants);
+        assert!(md.contains("## ringway ÷ ztunnel\n"), "{md}");
+        assert!(
+            md.contains("| passthrough | ztunnel passthrough | ringway ÷ ztunnel | hbone |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| rr | requests/s ↑ | 9000 | 4000 (0.44×) | 5000 (0.56×) | **0.80×** | 2000 (0.22×) | 2500 (0.28×) | **0.80×** |"),
+            "{md}"
+        );
     }
 
     #[test]

@@ -56,6 +56,8 @@ fn quick_suite_on_the_two_node_rig() {
             "1,2",
             "--rr-duration",
             "300ms",
+            "--rr-kernel-duration",
+            "300ms",
             "--connect-duration",
             "300ms",
             "--idle-connections",
@@ -128,8 +130,20 @@ fn quick_suite_on_the_two_node_rig() {
             );
         }
     }
-    // Raw samples: one run per scenario per applicable variant.
-    assert_eq!(json["runs"].as_array().unwrap().len(), 6 * 4 + 5);
+    // The kernel counts: every proxy column, never direct.
+    for id in ["rr-kernel.cs_per_1k", "rr-kernel.cpu_ms_per_1k"] {
+        for v in metric(id)["values"].as_array().unwrap() {
+            assert_eq!(
+                v["variant"] == "direct",
+                v["median"].is_null(),
+                "{id} {}",
+                v["variant"]
+            );
+        }
+    }
+    // Raw samples: one run per scenario per applicable variant (idle and
+    // rr-kernel only through proxies).
+    assert_eq!(json["runs"].as_array().unwrap().len(), 6 * 4 + 5 + 5);
     assert_eq!(json["failed_runs"], 0);
     assert!(json["machine"]["nproc"].as_u64().unwrap() >= 1);
     let scaling = json["scaling"].as_array().unwrap();
@@ -156,7 +170,7 @@ fn quick_suite_on_the_two_node_rig() {
             .lines()
             .filter(|l| l.contains("] round 1/1 "))
             .count(),
-        29,
+        34,
         "{stderr}"
     );
 }

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), !args.no_pin)?;
-    check_memlock()?;
+    check_memlock(plan.cpus.len())?;
     raise_nofile();
 
     let mut specs = vec![

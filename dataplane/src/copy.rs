@@ -315,7 +315,7 @@ impl Copier {
                     }
                 }
                 // Long transfers must not starve the other connections.
-                glommio::yield_if_needed().await;
+                crate::executor::yield_if_needed().await;
             };
             give_back(stage);
             match result {

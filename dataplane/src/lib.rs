@@ -23,6 +23,7 @@ pub mod authorization;
 pub mod config;
 pub mod control;
 pub mod copy;
+pub mod executor;
 pub mod hbone;
 pub mod inbound_passthrough;
 pub mod listeners;

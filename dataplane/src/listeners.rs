@@ -109,13 +109,14 @@ pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
         match socket::accept(fd) {
             Ok(conn) => {
                 let log = ConnLog::new(core.open.clone(), core.index, listener.path);
-                glommio::spawn_local(crate::runtime::serve(core.clone(), conn, log)).detach();
-                glommio::yield_if_needed().await;
+                crate::executor::spawn_local(crate::runtime::serve(core.clone(), conn, log))
+                    .detach();
+                crate::executor::yield_if_needed().await;
             }
             Err(e) if socket::would_block(&e) => {
                 if let Err(e) = reg.ready(libc::POLLIN).await {
                     tracing::error!(addr = %listener.addr, error = %e, "listener readiness failed");
-                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                    crate::executor::timer::sleep(Duration::from_millis(100)).await;
                 }
             }
             Err(e) if is_transient(&e) => continue,
@@ -123,7 +124,7 @@ pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
                 // Out of fds or memory: back off instead of spinning, the
                 // queued connections wait in the backlog meanwhile.
                 tracing::warn!(addr = %listener.addr, error = %e, "accept failed; retrying in 50ms");
-                glommio::timer::sleep(Duration::from_millis(50)).await;
+                crate::executor::timer::sleep(Duration::from_millis(50)).await;
             }
         }
     }

@@ -1,4 +1,4 @@
-//! The per-core runtime: one glommio executor per selected CPU, each with
+//! The per-core runtime: one executor (`executor/`) per selected CPU, each with
 //! its own readiness ring, copy pools, listeners, snapshot slot and
 //! counters. Nothing on the data path is shared between cores; the only
 //! cross-thread inputs are the snapshot feed and the shutdown signal, both
@@ -12,8 +12,7 @@ use std::rc::Rc;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
-use glommio::{LocalExecutorBuilder, Placement};
+use anyhow::{anyhow, bail};
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::security::certmanager::{wait_for_cert, CertRequests};
 use ringway_controlplane::security::certs::{CertFeed, CertSnapshot};
@@ -25,6 +24,7 @@ use tokio::sync::watch;
 use crate::accesslog::{ConnLog, OpenConnections};
 use crate::config::{CorePlan, ProxyConfig};
 use crate::copy::Copier;
+use crate::executor::{self, timer};
 use crate::listeners::{self, BoundListener, SelfAddrs, TrafficPath};
 use crate::uring::Poller;
 
@@ -86,7 +86,7 @@ impl CoreInputs {
             &mut feed,
             requests,
             id,
-            glommio::timer::sleep(self.cfg.cert_wait_timeout),
+            crate::executor::timer::sleep(self.cfg.cert_wait_timeout),
         )
         .await
     }
@@ -97,7 +97,7 @@ impl CoreInputs {
     pub async fn resolve_on_demand(&self, ip: std::net::IpAddr) -> Option<Arc<Snapshot>> {
         let tx = self.control.on_demand.as_ref()?;
         let mut feed = self.control.snapshot_feed.clone();
-        let timeout = glommio::timer::sleep(self.cfg.on_demand_timeout);
+        let timeout = crate::executor::timer::sleep(self.cfg.on_demand_timeout);
         lookup_on_demand(&mut feed, tx, &self.cfg.network, ip, timeout)
             .await
             .then(|| feed.current())
@@ -122,7 +122,7 @@ pub fn spawn_cancellable(
     fut: impl std::future::Future<Output = ()> + 'static,
 ) {
     let mut force_close = core.force_close.clone();
-    glommio::spawn_local(futures_lite::future::or(fut, async move {
+    crate::executor::spawn_local(futures_lite::future::or(fut, async move {
         let _ = force_close.wait_for(|closing| *closing).await;
     }))
     .detach();
@@ -183,11 +183,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     } = seed;
     let (force_tx, force_close) = watch::channel(false);
     let cfg_pool = cfg.pool;
-    let poller = Poller::new(1024).context(
-        "cannot create the per-core io_uring (is io_uring disabled by sysctl or seccomp?)",
-    )?;
-    glommio::spawn_local(poller.clone().pump()).detach();
-    glommio::spawn_local(poller.clone().sweep(Duration::from_millis(20))).detach();
+    let poller: Rc<Poller> = executor::poller();
     let core = Rc::new(CoreInputs {
         index,
         copier: Copier::new(poller.clone(), cfg.copy_mode),
@@ -209,7 +205,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     // concern, closing those now denied.
     let watcher = {
         let core = core.clone();
-        glommio::spawn_local(async move {
+        crate::executor::spawn_local(async move {
             while feed.changed().await.is_ok() {
                 let snap = feed.current();
                 tracing::debug!(
@@ -224,7 +220,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                 let mut r = crate::authorization::Recheck::default();
                 for batch in core.admitted.keys().chunks(256) {
                     r += core.admitted.recheck(batch, &old, &new, &core.cfg);
-                    glommio::yield_if_needed().await;
+                    crate::executor::yield_if_needed().await;
                 }
                 if r.revoked > 0 {
                     tracing::info!(
@@ -242,7 +238,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
 
     let cert_watcher = {
         let core = core.clone();
-        glommio::spawn_local(async move {
+        crate::executor::spawn_local(async move {
             while cert_feed.changed().await.is_ok() {
                 *core.certs.borrow_mut() = Rc::new(cert_feed.current());
             }
@@ -251,17 +247,17 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     // Release idle and broken pooled HBONE connections.
     let reaper = {
         let core = core.clone();
-        glommio::spawn_local(async move {
+        crate::executor::spawn_local(async move {
             let every = crate::hbone::client::reap_interval(core.pool.cfg.idle_timeout);
             loop {
-                glommio::timer::sleep(every).await;
+                crate::executor::timer::sleep(every).await;
                 core.pool.reap();
             }
         })
     };
     let accept_tasks: Vec<_> = listeners
         .into_iter()
-        .map(|l| glommio::spawn_local(listeners::accept_loop(core.clone(), l)))
+        .map(|l| crate::executor::spawn_local(listeners::accept_loop(core.clone(), l)))
         .collect();
     let _ = ready.send(index);
 
@@ -276,11 +272,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     if open > 0 {
         tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");
     }
-    let drained = glommio::timer::timeout(core.cfg.drain_timeout, async {
-        core.open.all_closed().await;
-        Ok(())
-    })
-    .await;
+    let drained = timer::timeout(core.cfg.drain_timeout, core.open.all_closed()).await;
     if drained.is_err() {
         tracing::warn!(
             core = index,
@@ -289,40 +281,28 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         );
         let _ = force_tx.send(true);
         // Let the cancelled connections run their drop (close, access log).
-        let _ = glommio::timer::timeout(Duration::from_secs(1), async {
-            core.open.all_closed().await;
-            Ok(())
-        })
-        .await;
+        let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
     }
     drop((watcher, cert_watcher, reaper));
     Ok(())
 }
 
 /// Starts one executor per planned core and waits until every core has its
-/// listeners running. glommio reports executor init failures (e.g. memlock)
-/// only at join; here a core that dies before signalling readiness is
-/// detected immediately and its error returned.
+/// listeners running. A core that dies before signalling readiness (no
+/// io_uring, a CPU that is not ours) is detected immediately and its error
+/// returned.
 pub fn start_cores(
     plan: &CorePlan,
     seeds: Vec<CoreSeed>,
-) -> anyhow::Result<Vec<glommio::ExecutorJoinHandle<anyhow::Result<()>>>> {
+) -> anyhow::Result<Vec<executor::JoinHandle<anyhow::Result<()>>>> {
     let mut starting = Vec::new();
     for (seed, &cpu) in seeds.into_iter().zip(&plan.cpus) {
-        let placement = if plan.pin {
-            Placement::Fixed(cpu)
-        } else {
-            Placement::Unbound
-        };
         // One channel per core: if the executor fails to initialise, its
         // closure (and so the sender) is dropped and recv sees Disconnected.
         let (ready_tx, ready_rx) = mpsc::channel();
         let index = seed.index;
-        let handle = LocalExecutorBuilder::new(placement)
-            .name(&format!("ringway-core{index}"))
-            // Network-only: no DMA file buffers needed, keep memlock use low.
-            .io_memory(64 << 10)
-            .preempt_timer(Duration::from_millis(2))
+        let handle = executor::Builder::new(format!("ringway-core{index}"))
+            .pin(plan.pin.then_some(cpu))
             .spawn(move || async move {
                 let r = core_main(seed, ready_tx).await;
                 if let Err(e) = &r {
@@ -343,10 +323,7 @@ pub fn start_cores(
                     Ok(Err(e)) => format!("{e:#}"),
                     Err(e) => e.to_string(),
                 };
-                bail!(
-                    "core {index} (cpu {cpu}) failed to start: {why}{}",
-                    memlock_hint(&why)
-                );
+                bail!("core {index} (cpu {cpu}) failed to start: {why}");
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 bail!("core {index} (cpu {cpu}) did not become ready within 30s")
@@ -356,23 +333,21 @@ pub fn start_cores(
     Ok(handles)
 }
 
-fn memlock_hint(e: &str) -> &'static str {
-    if e.contains("MemLock") || e.contains("memlock") {
-        " (RLIMIT_MEMLOCK is too low for io_uring: run as root, or `ulimit -l 8192` or more)"
-    } else {
-        ""
-    }
-}
+/// Locked memory one core's ring needs: the kernel charges io_uring's
+/// submission and completion queues (1024 + 8192 entries, about 200 KiB)
+/// to RLIMIT_MEMLOCK unless the process may lock memory anyway.
+const MEMLOCK_PER_CORE: u64 = 256 << 10;
 
-/// glommio refuses to start below 512 KiB of locked memory, but only says
-/// so at join. Raise the soft limit to the hard one, then fail fast with a
-/// clear message if it is still too low and we cannot bypass it.
-pub fn check_memlock() -> anyhow::Result<()> {
-    const NEEDED: u64 = 512 << 10;
+/// Raises the soft RLIMIT_MEMLOCK to the hard one, then fails fast, naming
+/// the limit and the fix, if `cores` rings still do not fit (io_uring_setup
+/// would only say ENOMEM).
+pub fn check_memlock(cores: usize) -> anyhow::Result<()> {
+    let needed = MEMLOCK_PER_CORE * cores as u64;
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit writes into the struct we pass.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
         return Ok(());
     }
@@ -381,15 +356,18 @@ pub fn check_memlock() -> anyhow::Result<()> {
             rlim_cur: lim.rlim_max,
             rlim_max: lim.rlim_max,
         };
+        // SAFETY: setrlimit reads the struct we pass.
         if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raised) } == 0 {
             lim = raised;
         }
     }
-    if lim.rlim_cur < NEEDED && unsafe { libc::geteuid() } != 0 {
+    // SAFETY: plain syscall without arguments.
+    if lim.rlim_cur < needed && unsafe { libc::geteuid() } != 0 {
         bail!(
-            "RLIMIT_MEMLOCK is {} KiB; the io_uring executors need at least {} KiB. Raise it (`ulimit -l 8192`, or LimitMEMLOCK= in systemd, or run as root)",
+            "RLIMIT_MEMLOCK is {} KiB; {cores} io_uring core(s) need about {} KiB. Raise it (`ulimit -l {}`, or LimitMEMLOCK= in systemd), run as root, or use fewer --cores",
             lim.rlim_cur / 1024,
-            NEEDED / 1024
+            needed / 1024,
+            needed / 1024
         );
     }
     Ok(())
@@ -409,35 +387,5 @@ pub fn raise_nofile() {
             rlim_max: lim.rlim_max,
         };
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    /// The executor must not go to sleep while a task is runnable, even when
-    /// its preempt timer has already expired by the time it looks at its task
-    /// queues (a descheduled thread on a loaded machine). glommio 0.9.0 took
-    /// "preempted before running anything" for "nothing to run" and slept
-    /// until its next timer: HBONE tunnels stalled for seconds. A 1 ns
-    /// preempt timer makes that happen at every turn; each awaited task
-    /// then needs the executor to run a queued task.
-    #[test]
-    fn executor_never_sleeps_with_a_runnable_task() {
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let _executor = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(64 << 10)
-            .preempt_timer(Duration::from_nanos(1))
-            .spawn(move || async move {
-                for _ in 0..1000 {
-                    glommio::spawn_local(async {}).await;
-                }
-                let _ = done_tx.send(());
-            })
-            .expect("executor");
-        done_rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the executor slept with a runnable task and never woke up");
     }
 }

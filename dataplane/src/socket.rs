@@ -176,7 +176,7 @@ pub async fn connect(
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
             let wait = poller.ready(sock.as_raw_fd(), libc::POLLOUT);
-            match glommio::timer::timeout(opts.timeout, async { Ok(wait.await) }).await {
+            match crate::executor::timer::timeout(opts.timeout, wait).await {
                 Ok(r) => {
                     r?;
                 }

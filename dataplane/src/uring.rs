@@ -1,15 +1,14 @@
-//! Per-core readiness reactor: a second io_uring, owned by one core, that only
-//! carries `IORING_OP_POLL_ADD`s.
+//! Per-core readiness reactor: the core's io_uring, owned by one executor
+//! (`executor/`), that carries `IORING_OP_POLL_ADD`s.
 //!
-//! Why not glommio's own ring: it has no public readiness API for arbitrary
-//! fds and cannot submit custom SQEs. Why not `IORING_OP_SPLICE`: the kernel
-//! always punts it to io-wq worker threads, which park one kernel thread per
-//! idle connection (`stack-notes.md` §4). So the data plane does plain
-//! nonblocking syscalls (`splice`, `read`, `write`, `accept4`) on the executor
-//! thread and only asks this ring to tell it when an fd is ready again. The
-//! ring signals completions through an eventfd; a glommio task reads that
-//! eventfd (an async read on glommio's ring, so the executor sleeps properly)
-//! and wakes the futures whose polls completed.
+//! Why not `IORING_OP_SPLICE`: the kernel always punts it to io-wq worker
+//! threads, which park one kernel thread per idle connection
+//! (`stack-notes.md` §4). So the data plane does plain nonblocking syscalls
+//! (`splice`, `read`, `write`, `accept4`) on the executor thread and only
+//! asks this ring to tell it when an fd is ready again. Submissions are
+//! queued, not submitted: the executor submits them all with its next
+//! `io_uring_enter`, which is also its sleep. Completions are reaped from
+//! shared memory on every pass, without a syscall.
 //!
 //! Two kinds of waits:
 //! - [`Poller::ready`]: one `POLL_ADD` per wait. For rare waits (connect).
@@ -25,7 +24,7 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -35,6 +34,17 @@ use slab::Slab;
 
 /// user_data of POLL_REMOVE submissions; their completions carry no waiter.
 const CANCEL_TAG: u64 = u64::MAX;
+/// user_data of the standing poll on the executor's doorbell eventfd.
+const DOORBELL_TAG: u64 = u64::MAX - 1;
+
+/// What one reap saw of the doorbell.
+#[derive(Default)]
+struct Doorbell {
+    /// Another thread woke the core: reset the eventfd's counter.
+    rang: bool,
+    /// The kernel ended the standing poll: arm it again.
+    ended: bool,
+}
 
 enum Slot {
     /// A poll is in flight; the waker of the future waiting for it.
@@ -75,91 +85,86 @@ const WRITE_SIDE: u32 = libc::POLLOUT as u32 | STICKY;
 pub struct Poller {
     ring: RefCell<IoUring>,
     slots: RefCell<Slab<Slot>>,
-    eventfd: OwnedFd,
+    /// The executor's doorbell eventfd (owned by the executor).
+    doorbell: RawFd,
     /// Scratch list for `reap`, kept to avoid an allocation per wake-up.
     wakers: RefCell<Vec<Waker>>,
 }
 
 impl Poller {
-    /// Creates the ring and its completion eventfd. `entries` bounds the
-    /// submissions queued between two `submit` calls, not the number of
-    /// polls in flight (completions are never lost: what does not fit the
-    /// completion queue waits in the kernel's overflow list, IORING_FEAT_NODROP,
-    /// until [`Poller::reap`] flushes it).
-    pub fn new(entries: u32) -> io::Result<Rc<Self>> {
+    /// Creates the ring, and watches `doorbell` (an eventfd other threads
+    /// write to wake this core) with a standing poll. `entries` bounds the
+    /// submissions queued between two enters, not the number of polls in
+    /// flight (completions are never lost: what does not fit the completion
+    /// queue waits in the kernel's overflow list, IORING_FEAT_NODROP, until
+    /// [`Poller::reap`] flushes it).
+    pub fn new(entries: u32, doorbell: RawFd) -> io::Result<Rc<Self>> {
         let ring = IoUring::builder()
             .setup_cqsize(entries.saturating_mul(8))
             .build(entries)?;
-        // Blocking eventfd on purpose: glommio's read of it must wait.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let eventfd = unsafe { OwnedFd::from_raw_fd(efd) };
-        ring.submitter().register_eventfd(eventfd.as_raw_fd())?;
-        Ok(Rc::new(Self {
+        let poller = Rc::new(Self {
             ring: RefCell::new(ring),
             slots: RefCell::new(Slab::with_capacity(256)),
-            eventfd,
+            doorbell,
             wakers: RefCell::new(Vec::new()),
-        }))
+        });
+        poller.arm_doorbell()?;
+        Ok(poller)
     }
 
-    /// Runs forever on the owning core: sleeps on the eventfd, then wakes
-    /// every future whose poll completed. Spawn it once per core.
-    pub async fn pump(self: Rc<Self>) {
-        let dup = unsafe { libc::dup(self.eventfd.as_raw_fd()) };
-        if dup < 0 {
-            tracing::error!(error = %io::Error::last_os_error(), "cannot dup the readiness eventfd");
+    fn arm_doorbell(&self) -> io::Result<()> {
+        let sqe = opcode::PollAdd::new(types::Fd(self.doorbell), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(DOORBELL_TAG);
+        self.push(&sqe)
+    }
+
+    /// Submits what tasks queued, without waiting (the core is busy).
+    pub fn flush(&self) {
+        let mut ring = self.ring.borrow_mut();
+        if ring.submission().is_empty() && !ring.submission().cq_overflow() {
             return;
         }
-        let file = unsafe { glommio::io::BufferedFile::from_raw_fd(dup) };
-        loop {
-            if let Err(e) = file.read_at(0, 8).await {
-                // Never give up: a dead pump would stall every connection on
-                // this core. Reap anyway and retry after a short pause.
-                tracing::warn!(error = %e, "readiness eventfd read failed; retrying");
-                let _ = self.reap();
-                glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
-                continue;
-            }
-            let _ = self.reap();
+        if let Err(e) = ring.submit() {
+            tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next pass");
         }
     }
 
-    /// Safety net, spawned once per core next to [`Poller::pump`]: reaps
-    /// every `every` in case an eventfd notification was missed, so a lost
-    /// wake-up costs milliseconds, not a stalled connection. Completions it
-    /// finds are counted and reported at debug level: they point at a bug
-    /// (ours, glommio's or the kernel's) worth finding. It is a task on the
-    /// executor it guards: an executor that sleeps with runnable tasks (the
-    /// glommio bug behind issue 10, fixed in `vendor/glommio`) stops it too.
-    pub async fn sweep(self: Rc<Self>, every: std::time::Duration) {
-        let mut late = 0u64;
-        loop {
-            glommio::timer::sleep(every).await;
-            let n = self.reap();
-            if n > 0 {
-                late += n as u64;
-                tracing::debug!(
-                    found = n,
-                    total = late,
-                    "readiness sweep reaped completions the pump had not"
-                );
+    /// The core's only sleep: submits what is queued and waits for one
+    /// completion, at most `timeout`. One `io_uring_enter`.
+    pub fn park(&self, timeout: Option<std::time::Duration>) {
+        let ring = self.ring.borrow_mut();
+        let r = match timeout {
+            None => ring.submit_and_wait(1),
+            Some(t) => {
+                let ts = types::Timespec::new()
+                    .sec(t.as_secs())
+                    .nsec(t.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                ring.submitter().submit_with_args(1, &args)
+            }
+        };
+        if let Err(e) = r {
+            match e.raw_os_error() {
+                Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN) => {}
+                _ => tracing::warn!(error = %e, "readiness ring wait failed"),
             }
         }
     }
 
     /// Drains the completion queue and wakes the waiters; returns how many
-    /// completions it processed.
-    fn reap(&self) -> usize {
+    /// completions it processed. Reads shared memory only, unless the
+    /// kernel has completions in its overflow list.
+    pub fn reap(&self) -> usize {
         let mut ring = self.ring.borrow_mut();
         let mut slots = self.slots.borrow_mut();
         // Reused across reaps: no allocation per wake-up.
         let mut wakers = std::mem::take(&mut *self.wakers.borrow_mut());
         let mut seen = 0;
+        let mut doorbell = Doorbell::default();
         loop {
-            seen += Self::drain(&mut ring, &mut slots, &mut wakers);
+            seen += Self::drain(&mut ring, &mut slots, &mut wakers, &mut doorbell);
             // Completions that did not fit the queue (a burst on many
             // sockets between two reaps) wait in the kernel's overflow list
             // until an enter asks for events, and no new completion gets
@@ -167,21 +172,33 @@ impl Poller {
             // looks armed forever and its socket is never polled again.
             // `submit` asks for events when the overflow flag is set; then
             // drain what it moved into the queue. One flag load per reap.
-            let overflow = ring.submission().cq_overflow();
-            // A submit that failed in `push` left its entries queued: carry them.
-            if !overflow && ring.submission().is_empty() {
+            if !ring.submission().cq_overflow() {
                 break;
             }
             if let Err(e) = ring.submit() {
                 tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
                 break;
             }
-            if !overflow {
-                break;
-            }
         }
         drop(slots);
         drop(ring);
+        if doorbell.rang {
+            let mut buf = 0u64;
+            // SAFETY: reads 8 bytes into a live u64 from the nonblocking
+            // eventfd the executor owns; only resets its counter.
+            unsafe {
+                libc::read(
+                    self.doorbell,
+                    (&mut buf as *mut u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+        if doorbell.ended {
+            if let Err(e) = self.arm_doorbell() {
+                tracing::error!(error = %e, "cannot re-arm the core's doorbell poll");
+            }
+        }
         for w in wakers.drain(..) {
             w.wake();
         }
@@ -191,12 +208,22 @@ impl Poller {
 
     /// One pass over the completion queue: records what each completion
     /// says in its slot and collects the wakers to wake.
-    fn drain(ring: &mut IoUring, slots: &mut Slab<Slot>, wakers: &mut Vec<Waker>) -> usize {
+    fn drain(
+        ring: &mut IoUring,
+        slots: &mut Slab<Slot>,
+        wakers: &mut Vec<Waker>,
+        doorbell: &mut Doorbell,
+    ) -> usize {
         let mut seen = 0;
         for cqe in ring.completion() {
             seen += 1;
             let key = cqe.user_data();
             if key == CANCEL_TAG {
+                continue;
+            }
+            if key == DOORBELL_TAG {
+                doorbell.rang = true;
+                doorbell.ended |= !io_uring::cqueue::more(cqe.flags());
                 continue;
             }
             let key = key as usize;
@@ -247,26 +274,25 @@ impl Poller {
         seen
     }
 
-    /// Queues `entry` and submits. Err only if the entry is not queued: once
-    /// it is, a failed submit is retried by the next push or reap, and the
-    /// caller must treat the poll as in flight (its completion will come).
+    /// Queues `entry`; the executor submits it with its next enter (the
+    /// sleep, or a flush at the end of a busy pass), batched with the rest.
+    /// Err only if the entry is not queued: once it is, the caller must
+    /// treat the poll as in flight (its completion will come).
     fn push(&self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
         let mut ring = self.ring.borrow_mut();
         // SAFETY: POLL_ADD / POLL_REMOVE reference no user memory.
         if unsafe { ring.submission().push(entry) }.is_err() {
             ring.submit()?;
+            // SAFETY: as above.
             unsafe { ring.submission().push(entry) }
                 .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-        }
-        if let Err(e) = ring.submit() {
-            tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
         }
         Ok(())
     }
 
-    /// Orphans `key` and removes its poll from the kernel, submitted at once:
-    /// until the poll is gone it holds the socket's file open. The slot is
-    /// freed when the poll's last completion arrives.
+    /// Orphans `key` and removes its poll from the kernel (submitted by the
+    /// end of this pass: until the poll is gone it holds the socket's file
+    /// open). The slot is freed when the poll's last completion arrives.
     fn cancel(&self, key: usize) {
         self.slots.borrow_mut()[key] = Slot::Orphan;
         let sqe = opcode::PollRemove::new(key as u64)
@@ -467,26 +493,15 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::time::Duration;
 
+    use crate::executor::{poller, spawn_local, timer};
+
     fn on_executor<F: Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .io_memory(64 << 10)
-            .spawn(move || async move {
-                let poller = Poller::new(64).expect("readiness ring");
-                glommio::spawn_local(poller.clone().pump()).detach();
-                POLLER.with(|p| *p.borrow_mut() = Some(poller));
-                f().await
-            })
+        crate::executor::Builder::new("uring-test")
+            .ring_entries(64)
+            .spawn(f)
             .expect("executor")
             .join()
             .expect("executor ran");
-    }
-
-    thread_local! {
-        static POLLER: RefCell<Option<Rc<Poller>>> = const { RefCell::new(None) };
-    }
-
-    fn poller() -> Rc<Poller> {
-        POLLER.with(|p| p.borrow().clone().expect("poller set"))
     }
 
     fn nonblocking_pair() -> (
@@ -517,8 +532,8 @@ mod tests {
                 let e = ours.read(&mut buf).unwrap_err();
                 assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
                 let mut peer = theirs.take().unwrap();
-                let writer = glommio::spawn_local(async move {
-                    glommio::timer::sleep(Duration::from_millis(2)).await;
+                let writer = spawn_local(async move {
+                    timer::sleep(Duration::from_millis(2)).await;
                     peer.write_all(&[round]).unwrap();
                     peer
                 });
@@ -547,18 +562,12 @@ mod tests {
             reg.ready(libc::POLLIN).await.unwrap();
             // A second write lands while nobody waits...
             theirs.write_all(b"y").unwrap();
-            glommio::timer::sleep(Duration::from_millis(5)).await;
+            timer::sleep(Duration::from_millis(5)).await;
             // ...and the next wait returns at once.
-            let quick = glommio::timer::timeout(Duration::from_secs(1), async {
-                Ok(reg.ready(libc::POLLIN).await)
-            })
-            .await;
+            let quick = timer::timeout(Duration::from_secs(1), reg.ready(libc::POLLIN)).await;
             assert!(matches!(quick, Ok(Ok(_))), "buffered event lost");
             // Nothing new: the following wait must block.
-            let blocked = glommio::timer::timeout(Duration::from_millis(30), async {
-                Ok(reg.ready(libc::POLLIN).await)
-            })
-            .await;
+            let blocked = timer::timeout(Duration::from_millis(30), reg.ready(libc::POLLIN)).await;
             assert!(blocked.is_err(), "an event was delivered twice");
         });
     }
@@ -569,16 +578,28 @@ mod tests {
     #[test]
     fn overflowing_the_completion_queue_loses_no_wake_up() {
         on_executor(|| async {
-            // One submission entry, eight completion entries.
-            let p = Poller::new(1).expect("readiness ring");
-            glommio::spawn_local(p.clone().pump()).detach();
+            // One submission entry, eight completion entries; a ring of its
+            // own, so this test reaps it (the executor reaps only its own).
+            let doorbell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            assert!(doorbell >= 0);
+            let p = Poller::new(1, doorbell).expect("readiness ring");
+            let reaper = {
+                let p = p.clone();
+                spawn_local(async move {
+                    loop {
+                        p.flush();
+                        p.reap();
+                        timer::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            };
             let pairs: Vec<_> = (0..24).map(|_| nonblocking_pair()).collect();
             let regs: Vec<_> = pairs
                 .iter()
                 .map(|(ours, _)| Registration::new(&p, ours.as_raw_fd()))
                 .collect();
             // Arm every poll, then make every socket readable without
-            // yielding: the pump cannot reap in between.
+            // yielding: nothing can reap in between.
             let waker = futures_lite::future::block_on(std::future::poll_fn(|cx| {
                 Poll::Ready(cx.waker().clone())
             }));
@@ -590,15 +611,15 @@ mod tests {
                 (&*theirs).write_all(b"x").unwrap();
             }
             for (i, reg) in regs.iter().enumerate() {
-                let woke = glommio::timer::timeout(Duration::from_secs(2), async {
-                    Ok(reg.ready(libc::POLLIN).await)
-                })
-                .await;
+                let woke = timer::timeout(Duration::from_secs(2), reg.ready(libc::POLLIN)).await;
                 assert!(
                     matches!(woke, Ok(Ok(bits)) if bits & libc::POLLIN != 0),
                     "socket {i} never reported readable: {woke:?}"
                 );
             }
+            drop(reaper);
+            drop(regs);
+            unsafe { libc::close(doorbell) };
         });
     }
 
@@ -622,6 +643,8 @@ mod tests {
             assert_eq!(slots_in_use(&p), 1);
             drop(reg);
             drop(server);
+            // The poll's removal is submitted at the end of this pass.
+            crate::executor::yield_now().await;
             client
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .unwrap();
@@ -630,12 +653,12 @@ mod tests {
                 .read(&mut buf)
                 .expect("EOF, not a timeout: the poll kept the socket open");
             assert_eq!(n, 0);
-            // The cancellation completes; the pump frees the key.
+            // The cancellation completes; a reap frees the key.
             for _ in 0..100 {
                 if slots_in_use(&p) == 0 {
                     return;
                 }
-                glommio::timer::sleep(Duration::from_millis(2)).await;
+                timer::sleep(Duration::from_millis(2)).await;
             }
             panic!("the registration's slot was never freed");
         });

@@ -272,8 +272,8 @@ fn drain_deadline_closes_lingering_connections() {
 #[test]
 fn too_little_locked_memory_fails_fast_with_a_clear_message() {
     common::require_root();
-    // An unprivileged user with a 64 KiB memlock limit: glommio would only
-    // report this at join; ringway must refuse at startup and say why.
+    // An unprivileged user with a 64 KiB memlock limit: io_uring_setup
+    // would only say ENOMEM; ringway must refuse at startup and say why.
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         dir.path(),

@@ -215,13 +215,13 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
     let cfg = core.pool.cfg;
     let driver_broken = broken.clone();
     let core_index = core.index;
-    glommio::spawn_local(async move {
+    crate::executor::spawn_local(async move {
         let keepalive = async {
             let Some(mut pp) = ping_pong else {
                 return std::future::pending::<String>().await;
             };
             loop {
-                glommio::timer::sleep(cfg.ping_interval).await;
+                crate::executor::timer::sleep(cfg.ping_interval).await;
                 match with_timeout(cfg.ping_timeout, pp.ping(h2::Ping::opaque())).await {
                     Some(Ok(_)) => {}
                     Some(Err(e)) => return format!("keepalive PING failed: {e}"),

@@ -176,7 +176,7 @@ async fn socket_to_stream(
                 .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
             moved.set(moved.get() + len);
         }
-        glommio::yield_if_needed().await;
+        crate::executor::yield_if_needed().await;
     }
 }
 
@@ -306,11 +306,9 @@ pub fn parse_baggage(v: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Awaits `fut` for at most `dur` (glommio timer).
+/// Awaits `fut` for at most `dur` (the core's timer).
 pub async fn with_timeout<T>(dur: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    glommio::timer::timeout(dur, async { Ok(fut.await) })
-        .await
-        .ok()
+    crate::executor::timer::timeout(dur, fut).await.ok()
 }
 
 #[cfg(test)]

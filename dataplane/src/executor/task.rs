@@ -1,0 +1,202 @@
+//! Tasks: `!Send` futures owned by one core, woken by `Send` wakers.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Wake, Waker};
+
+use super::{Local, Shared, CURRENT};
+
+/// What a waker holds: which task, on which core. `Send + Sync`; the
+/// future itself never leaves its core.
+pub(super) struct Header {
+    key: usize,
+    /// Set while the task sits in a run queue: a second wake is a no-op.
+    scheduled: AtomicBool,
+    /// Weak: a waker kept by another thread must not keep a stopped core's
+    /// queue alive.
+    shared: Weak<Shared>,
+}
+
+impl Wake for Header {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // On the owning core: a queue push, nothing else.
+        let local = CURRENT.with(|c| {
+            let c = c.borrow();
+            match c.as_ref() {
+                Some(l) if std::ptr::eq(Arc::as_ptr(&l.shared), self.shared.as_ptr()) => {
+                    l.queue.borrow_mut().push_back(self.clone());
+                    true
+                }
+                _ => false,
+            }
+        });
+        if local {
+            return;
+        }
+        // From another thread: the core's lock-free queue, and its doorbell
+        // if it sleeps.
+        if let Some(shared) = self.shared.upgrade() {
+            if shared.remote.send(self.clone()).is_ok() {
+                shared.ring_doorbell();
+            }
+        }
+    }
+}
+
+/// A task in the executor's slab.
+pub(super) struct Slot {
+    header: Arc<Header>,
+    waker: Waker,
+    /// None while the future is being polled (taken out so that it may
+    /// spawn or cancel other tasks, which borrows the slab).
+    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    /// Cancelled while it was being polled: drop it when it comes back.
+    cancelled: bool,
+}
+
+/// Polls the task `h` names, if it still exists.
+pub(super) fn run(local: &Local, h: Arc<Header>) {
+    // Cleared before the poll: a wake during the poll queues it again.
+    h.scheduled.store(false, Ordering::Release);
+    let (mut fut, waker) = {
+        let mut tasks = local.tasks.borrow_mut();
+        match tasks.get_mut(h.key) {
+            Some(slot) if Arc::ptr_eq(&slot.header, &h) => match slot.future.take() {
+                Some(f) => (f, slot.waker.clone()),
+                None => return,
+            },
+            // A stale wake of a task that ended (its key may be reused).
+            _ => return,
+        }
+    };
+    let done = fut
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_ready();
+    let dropped = {
+        let mut tasks = local.tasks.borrow_mut();
+        let slot = &mut tasks[h.key];
+        if done || slot.cancelled {
+            tasks.remove(h.key);
+            Some(fut)
+        } else {
+            slot.future = Some(fut);
+            None
+        }
+    };
+    // Outside the borrow: a future's destructor may touch the executor.
+    drop(dropped);
+}
+
+/// The result of a task, shared between it and its [`Task`] handle.
+struct Join<T> {
+    result: RefCell<Option<T>>,
+    done: Cell<bool>,
+    waiter: RefCell<Option<Waker>>,
+}
+
+/// Handle to a spawned task: await it for its output, drop it to cancel
+/// the task, or [`Task::detach`] it.
+pub struct Task<T> {
+    join: Rc<Join<T>>,
+    header: Option<Arc<Header>>,
+}
+
+pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 'static) -> Task<T> {
+    let join = Rc::new(Join {
+        result: RefCell::new(None),
+        done: Cell::new(false),
+        waiter: RefCell::new(None),
+    });
+    let j = join.clone();
+    let body = async move {
+        let v = fut.await;
+        *j.result.borrow_mut() = Some(v);
+        j.done.set(true);
+        if let Some(w) = j.waiter.borrow_mut().take() {
+            w.wake();
+        }
+    };
+    let mut tasks = local.tasks.borrow_mut();
+    let entry = tasks.vacant_entry();
+    let header = Arc::new(Header {
+        key: entry.key(),
+        scheduled: AtomicBool::new(true),
+        shared: Arc::downgrade(&local.shared),
+    });
+    entry.insert(Slot {
+        waker: Waker::from(header.clone()),
+        header: header.clone(),
+        future: Some(Box::pin(body)),
+        cancelled: false,
+    });
+    drop(tasks);
+    local.queue.borrow_mut().push_back(header.clone());
+    Task {
+        join,
+        header: Some(header),
+    }
+}
+
+impl<T> Task<T> {
+    /// Lets the task run to its end without a handle.
+    pub fn detach(mut self) {
+        self.header = None;
+    }
+}
+
+impl<T> Future for Task<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        if let Some(v) = self.join.result.borrow_mut().take() {
+            return Poll::Ready(v);
+        }
+        assert!(!self.join.done.get(), "a Task polled after it completed");
+        let mut waiter = self.join.waiter.borrow_mut();
+        if !waiter.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waiter = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Task<T> {
+    fn drop(&mut self) {
+        let Some(h) = self.header.take() else { return };
+        if self.join.done.get() {
+            return;
+        }
+        let fut = CURRENT.with(|c| {
+            let c = c.borrow();
+            let local = c.as_ref()?;
+            let mut tasks = local.tasks.borrow_mut();
+            let slot = tasks
+                .get_mut(h.key)
+                .filter(|s| Arc::ptr_eq(&s.header, &h))?;
+            match slot.future.take() {
+                Some(f) => {
+                    tasks.remove(h.key);
+                    Some(f)
+                }
+                None => {
+                    // It is being polled (it dropped its own handle).
+                    slot.cancelled = true;
+                    None
+                }
+            }
+        });
+        drop(fut);
+    }
+}

@@ -1,0 +1,169 @@
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn run<T: Send + 'static, F: Future<Output = T> + 'static>(
+    f: impl FnOnce() -> F + Send + 'static,
+) -> T {
+    Builder::new("executor-test")
+        .spawn(f)
+        .expect("executor")
+        .join()
+        .expect("executor ran")
+}
+
+/// Every awaited task needs the executor to run a queued task; it must
+/// never sleep while one is runnable (glommio 0.9.0 did, which stalled
+/// HBONE tunnels for seconds: issue 10).
+#[test]
+fn never_sleeps_with_a_runnable_task() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let _core = Builder::new("runnable").spawn(move || async move {
+        for i in 0..10_000u32 {
+            assert_eq!(spawn_local(async move { i }).await, i);
+        }
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the executor slept with a runnable task");
+}
+
+/// A waker used on another thread wakes a sleeping core: the control
+/// thread's snapshot feed does exactly this.
+#[test]
+fn a_wake_from_another_thread_reaches_a_sleeping_core() {
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
+    let sender = std::thread::spawn(move || {
+        for v in 1..=200 {
+            std::thread::sleep(Duration::from_micros(300));
+            tx.send(v).unwrap();
+        }
+        tx
+    });
+    let last = run(move || async move {
+        let mut rx = rx;
+        let mut last = 0;
+        while last < 200 {
+            timer::timeout(Duration::from_secs(5), rx.changed())
+                .await
+                .expect("a remote wake was lost: the core slept through it")
+                .expect("sender alive");
+            last = *rx.borrow_and_update();
+        }
+        last
+    });
+    assert_eq!(last, 200);
+    drop(sender.join());
+}
+
+/// Timers fire no earlier than asked, in deadline order, and a timeout
+/// ends a future that never completes.
+#[test]
+fn timers_fire_in_order_and_not_early() {
+    let order = run(|| async {
+        let order = Rc::new(RefCell::new(Vec::new()));
+        let start = Instant::now();
+        let tasks: Vec<_> = [30u64, 10, 20, 0]
+            .into_iter()
+            .map(|ms| {
+                let order = order.clone();
+                spawn_local(async move {
+                    timer::sleep(Duration::from_millis(ms)).await;
+                    assert!(
+                        start.elapsed() >= Duration::from_millis(ms),
+                        "{ms} ms timer fired early"
+                    );
+                    order.borrow_mut().push(ms);
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        let never = std::future::pending::<()>();
+        let t0 = Instant::now();
+        assert_eq!(
+            timer::timeout(Duration::from_millis(15), never).await,
+            Err(timer::TimedOut)
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(15));
+        let v = order.borrow().clone();
+        v
+    });
+    assert_eq!(order, vec![0, 10, 20, 30]);
+}
+
+/// Dropping a task's handle cancels it: its future is dropped and never
+/// polled again. A detached task runs on.
+#[test]
+fn dropping_a_handle_cancels_and_detach_does_not() {
+    run(|| async {
+        struct Flag(Rc<Cell<bool>>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let dropped = Rc::new(Cell::new(false));
+        let ran_on = Rc::new(Cell::new(false));
+        let t = {
+            let flag = Flag(dropped.clone());
+            let ran_on = ran_on.clone();
+            spawn_local(async move {
+                let _flag = flag;
+                timer::sleep(Duration::from_millis(20)).await;
+                ran_on.set(true);
+            })
+        };
+        yield_now().await;
+        drop(t);
+        assert!(dropped.get(), "cancel must drop the future at once");
+        let detached = Rc::new(Cell::new(false));
+        {
+            let detached = detached.clone();
+            spawn_local(async move {
+                timer::sleep(Duration::from_millis(5)).await;
+                detached.set(true);
+            })
+            .detach();
+        }
+        timer::sleep(Duration::from_millis(40)).await;
+        assert!(!ran_on.get(), "a cancelled task ran");
+        assert!(detached.get(), "a detached task did not run");
+    });
+}
+
+/// A long loop that calls yield_if_needed lets other tasks (and the ring)
+/// in at least every few milliseconds.
+#[test]
+fn yield_if_needed_gives_way_to_other_tasks() {
+    run(|| async {
+        let ticks = Rc::new(Cell::new(0u32));
+        let ticker = {
+            let ticks = ticks.clone();
+            spawn_local(async move {
+                loop {
+                    ticks.set(ticks.get() + 1);
+                    yield_now().await;
+                }
+            })
+        };
+        let start = Instant::now();
+        let mut gaps = 0;
+        let mut seen = ticks.get();
+        while start.elapsed() < Duration::from_millis(50) {
+            let spin = Instant::now();
+            while spin.elapsed() < Duration::from_micros(50) {}
+            yield_if_needed().await;
+            if ticks.get() != seen {
+                seen = ticks.get();
+                gaps += 1;
+            }
+        }
+        drop(ticker);
+        assert!(gaps >= 20, "the other task ran only {gaps} times in 50 ms");
+    });
+}

@@ -42,8 +42,10 @@ const POOL_KEEP: usize = 64;
 trait Stage {
     fn pending(&self) -> usize;
     fn has_room(&self) -> bool;
-    /// Reads from `src` into the stage; Ok(0) = EOF.
-    fn fill(&mut self, src: RawFd) -> io::Result<usize>;
+    /// Reads from `src` into the stage: bytes read (0 = EOF), and whether
+    /// it read less than there was room for (the source is drained, or
+    /// nearly: a one-shot poll armed next reports any rest at once).
+    fn fill(&mut self, src: RawFd) -> io::Result<(usize, bool)>;
     /// Writes staged bytes to `dst`.
     fn drain(&mut self, dst: RawFd) -> io::Result<usize>;
 }
@@ -60,14 +62,11 @@ impl Stage for PipeStage {
     fn has_room(&self) -> bool {
         self.pending < self.pipe.capacity
     }
-    fn fill(&mut self, src: RawFd) -> io::Result<usize> {
-        let n = socket::splice(
-            src,
-            self.pipe.write.as_raw_fd(),
-            self.pipe.capacity - self.pending,
-        )?;
+    fn fill(&mut self, src: RawFd) -> io::Result<(usize, bool)> {
+        let room = self.pipe.capacity - self.pending;
+        let n = socket::splice(src, self.pipe.write.as_raw_fd(), room)?;
         self.pending += n;
-        Ok(n)
+        Ok((n, n < room))
     }
     fn drain(&mut self, dst: RawFd) -> io::Result<usize> {
         let n = socket::splice(self.pipe.read.as_raw_fd(), dst, self.pending)?;
@@ -89,10 +88,11 @@ impl Stage for BufStage {
     fn has_room(&self) -> bool {
         self.end < self.buf.len()
     }
-    fn fill(&mut self, src: RawFd) -> io::Result<usize> {
+    fn fill(&mut self, src: RawFd) -> io::Result<(usize, bool)> {
+        let room = self.buf.len() - self.end;
         let n = socket::read(src, &mut self.buf[self.end..])?;
         self.end += n;
-        Ok(n)
+        Ok((n, n < room))
     }
     fn drain(&mut self, dst: RawFd) -> io::Result<usize> {
         let n = socket::write(dst, &self.buf[self.start..self.end])?;
@@ -278,10 +278,15 @@ impl Copier {
             let mut eof = false;
             let result = loop {
                 let mut progressed = false;
+                // A short fill: going idle next costs no EAGAIN attempt.
+                let mut drained = false;
                 if !eof && stage.has_room() {
                     match stage.fill(src) {
-                        Ok(0) => eof = true,
-                        Ok(_) => progressed = true,
+                        Ok((0, _)) => eof = true,
+                        Ok((_, short)) => {
+                            progressed = true;
+                            drained = short;
+                        }
                         Err(e) if would_block(&e) => {}
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => break Err(DirError::Source(e)),
@@ -309,8 +314,8 @@ impl Copier {
                     if eof {
                         break Ok(true);
                     }
-                    if !progressed {
-                        // Source would block and nothing is staged: go idle.
+                    if !progressed || drained {
+                        // The source is drained and nothing is staged: go idle.
                         break Ok(false);
                     }
                 }

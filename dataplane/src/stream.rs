@@ -30,6 +30,8 @@ pub const READ_SMALL: usize = 8 << 10;
 pub struct ReadSizer {
     full: usize,
     next: usize,
+    /// The last read returned less than it asked for.
+    short: bool,
 }
 
 impl ReadSizer {
@@ -37,10 +39,13 @@ impl ReadSizer {
         Self {
             full,
             next: READ_SMALL,
+            short: false,
         }
     }
 
-    /// One `read(2)` of up to the next size, appended to `buf`.
+    /// One `read(2)` of up to the next size, appended to `buf`. A short
+    /// read (0 < n < size) means the socket is drained for now: see
+    /// [`ReadSizer::was_short`].
     pub fn read(&mut self, fd: RawFd, buf: &mut BytesMut) -> io::Result<usize> {
         let want = self.next;
         buf.reserve(want);
@@ -50,9 +55,17 @@ impl ReadSizer {
         let n = socket::read(fd, unsafe {
             std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(len), want)
         })?;
+        // SAFETY: read(2) initialised these `n` bytes.
         unsafe { buf.set_len(len + n) };
-        self.next = if n == want { self.full } else { READ_SMALL };
+        self.short = n < want;
+        self.next = if self.short { READ_SMALL } else { self.full };
         Ok(n)
+    }
+
+    /// The last read returned less than it asked for: for TCP, the receive
+    /// queue was empty when it returned.
+    pub fn was_short(&self) -> bool {
+        self.short
     }
 }
 
@@ -78,16 +91,25 @@ impl FdStream {
     }
 
     /// One `read(2)`: straight into `buf` when it is large, else into a
-    /// fresh read-ahead buffer. Ok = bytes (or EOF) are in `buf`.
+    /// fresh read-ahead buffer. Ok = bytes (or EOF) are in `buf`; a short
+    /// read tells the registration the socket is drained.
     fn fill(&mut self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
         let fd = self.fd.as_raw_fd();
         if buf.remaining() >= READ_AHEAD {
-            let n = socket::read(fd, buf.initialize_unfilled())?;
+            let unfilled = buf.initialize_unfilled();
+            let want = unfilled.len();
+            let n = socket::read(fd, unfilled)?;
             buf.advance(n);
+            if n > 0 && n < want {
+                self.reg.drained();
+            }
             return Ok(());
         }
         let mut ahead = BytesMut::new();
         if self.sizer.read(fd, &mut ahead)? > 0 {
+            if self.sizer.was_short() {
+                self.reg.drained();
+            }
             self.ahead = Some(ahead);
             self.drain_ahead(buf);
         }
@@ -156,11 +178,10 @@ impl AsyncRead for FdStream {
             return Poll::Ready(Ok(()));
         }
         loop {
+            ready!(this.reg.poll_readable(cx))?;
             match this.fill(buf) {
                 Ok(()) => return Poll::Ready(Ok(())),
-                Err(e) if socket::would_block(&e) => {
-                    ready!(this.wait(libc::POLLIN | libc::POLLRDHUP, cx))?;
-                }
+                Err(e) if socket::would_block(&e) => this.reg.drained(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -206,10 +227,13 @@ impl AsyncWrite for FdStream {
 /// Reads some bytes from a plain socket, waiting for readiness.
 pub async fn read_some(reg: &Registration, buf: &mut [u8]) -> io::Result<usize> {
     loop {
+        reg.readable().await?;
         match socket::read(reg.fd(), buf) {
-            Err(e) if socket::would_block(&e) => {
-                reg.ready(libc::POLLIN | libc::POLLRDHUP).await?;
+            Ok(n) if n > 0 && n < buf.len() => {
+                reg.drained();
+                return Ok(n);
             }
+            Err(e) if socket::would_block(&e) => reg.drained(),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             other => return other,
         }

@@ -405,6 +405,8 @@ pub struct Registration {
     poller: Rc<Poller>,
     fd: RawFd,
     key: std::cell::Cell<Option<usize>>,
+    /// The last read emptied the receive queue (see [`Registration::drained`]).
+    drained: std::cell::Cell<bool>,
 }
 
 impl Registration {
@@ -413,7 +415,45 @@ impl Registration {
             poller: poller.clone(),
             fd,
             key: std::cell::Cell::new(None),
+            drained: std::cell::Cell::new(false),
         }
+    }
+
+    /// Records that a read just emptied the socket's receive queue: it
+    /// returned EAGAIN, or fewer bytes than it asked for (TCP returns less
+    /// only when nothing more is queued). The read readiness seen so far
+    /// is stale, so it is dropped, and [`Registration::poll_readable`]
+    /// waits for new data instead of letting the next read fail with
+    /// EAGAIN: that speculative read cost up to three `recvfrom` calls per
+    /// small TLS record (issue 10). Never loses a wake-up: completions are
+    /// reaped only between task polls, so whatever is reaped after this
+    /// call reports data that arrived after the read; a socket that still
+    /// held data (a read cut short for another reason) costs one spurious
+    /// wake-up at most, since a poll armed later reports current state.
+    pub fn drained(&self) {
+        self.drained.set(true);
+        let Some(key) = self.key.get() else { return };
+        if let Some(Slot::Standing(st)) = self.poller.slots.borrow_mut().get_mut(key) {
+            // POLLRDHUP stays: a FIN that came with the last bytes is not
+            // drained by reading them, and no new wake-up will report it.
+            st.ready &= !((libc::POLLIN | libc::POLLPRI) as u32);
+        }
+    }
+
+    /// Ready when a read is worth trying: at once, unless the last read
+    /// drained the socket; then when new data, a hang-up or an error
+    /// arrives.
+    pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.drained.get() {
+            std::task::ready!(self.poll_ready(cx, libc::POLLIN | libc::POLLRDHUP))?;
+            self.drained.set(false);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Async form of [`Registration::poll_readable`].
+    pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_readable(cx)).await
     }
 
     pub fn fd(&self) -> RawFd {
@@ -445,9 +485,18 @@ impl Registration {
             return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
         }
         let wanted = events as u16 as u32 | STICKY;
+        // A read wait never consumes POLLRDHUP: once the peer has shut
+        // down its side, every read is worth trying (it returns the rest,
+        // then EOF), and a reader that skips reads after a short one
+        // ([`Registration::drained`]) must still find the EOF.
+        let kept = if wanted & libc::POLLIN as u32 != 0 {
+            STICKY | libc::POLLRDHUP as u32
+        } else {
+            STICKY
+        };
         let hit = st.ready & wanted;
         if hit != 0 {
-            st.ready &= !(hit & !STICKY);
+            st.ready &= !(hit & !kept);
             return Poll::Ready(Ok(hit as i16));
         }
         let waiters = if wanted & libc::POLLOUT as u32 != 0 {
@@ -569,6 +618,53 @@ mod tests {
             // Nothing new: the following wait must block.
             let blocked = timer::timeout(Duration::from_millis(30), reg.ready(libc::POLLIN)).await;
             assert!(blocked.is_err(), "an event was delivered twice");
+        });
+    }
+
+    /// After a short read the next read waits for new data (no EAGAIN
+    /// attempt), yet a FIN that came with the data, and whose wake-up the
+    /// wait before the read already consumed, is still found.
+    #[test]
+    fn a_drained_reader_waits_for_new_data_and_still_sees_eof() {
+        on_executor(|| async {
+            let p = poller();
+            let (mut ours, mut theirs) = nonblocking_pair();
+            let reg = Registration::new(&p, ours.as_raw_fd());
+            let mut buf = [0u8; 64];
+            // Drained: the wait blocks until the peer writes.
+            assert_eq!(
+                ours.read(&mut buf).unwrap_err().kind(),
+                io::ErrorKind::WouldBlock
+            );
+            reg.drained();
+            let idle = timer::timeout(Duration::from_millis(30), reg.readable()).await;
+            assert!(idle.is_err(), "a drained socket reported readable");
+            theirs.write_all(b"abc").unwrap();
+            timer::timeout(Duration::from_secs(1), reg.readable())
+                .await
+                .expect("new data must end the wait")
+                .unwrap();
+            assert_eq!(ours.read(&mut buf).unwrap(), 3);
+            reg.drained();
+            // Data and FIN together, then one wait consumes the wake-up.
+            theirs.write_all(b"de").unwrap();
+            theirs.shutdown(std::net::Shutdown::Write).unwrap();
+            timer::sleep(Duration::from_millis(5)).await;
+            timer::timeout(Duration::from_secs(1), reg.readable())
+                .await
+                .expect("data and FIN must end the wait")
+                .unwrap();
+            assert_eq!(
+                ours.read(&mut buf).unwrap(),
+                2,
+                "short read of the last bytes"
+            );
+            reg.drained();
+            timer::timeout(Duration::from_secs(1), reg.readable())
+                .await
+                .expect("the FIN was lost: a drained reader never saw EOF")
+                .unwrap();
+            assert_eq!(ours.read(&mut buf).unwrap(), 0);
         });
     }
 

@@ -138,14 +138,20 @@ async fn socket_to_stream(
     let mut buf = BytesMut::new();
     let mut sizer = ReadSizer::new(READ_CHUNK);
     loop {
+        if let Err(e) = reg.readable().await {
+            return Err(PumpOutcome::TcpReset(e.to_string()));
+        }
         let n = match sizer.read(reg.fd(), &mut buf) {
-            Ok(n) => n,
+            Ok(n) => {
+                if sizer.was_short() {
+                    reg.drained();
+                }
+                n
+            }
             Err(e) if socket::would_block(&e) => {
                 // Idle: hold no buffer while waiting.
                 buf = BytesMut::new();
-                reg.ready(libc::POLLIN | libc::POLLRDHUP)
-                    .await
-                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                reg.drained();
                 continue;
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -175,6 +181,10 @@ async fn socket_to_stream(
                 .send_data(chunk, false)
                 .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
             moved.set(moved.get() + len);
+        }
+        if sizer.was_short() {
+            // Drained: the next read waits; hold no buffer meanwhile.
+            buf = BytesMut::new();
         }
         crate::executor::yield_if_needed().await;
     }

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), !args.no_pin)?;
+    let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), args.pin)?;
     check_memlock(plan.cpus.len())?;
     raise_nofile();
 

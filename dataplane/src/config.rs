@@ -69,11 +69,19 @@ pub struct Args {
 
     /// Cores to run on: a count ("2": the first two CPUs this process may
     /// use) or a CPU list ("0-3,6"; a single CPU is written "3-3"). One
-    /// pinned executor per entry. Default: every CPU this process may use.
+    /// executor per entry. Default: every CPU this process may use.
     #[arg(long, env = "RINGWAY_CORES")]
     pub cores: Option<String>,
 
-    /// Do not pin executors to CPUs (the count of --cores still applies).
+    /// Pin each executor to its CPU. Pays when ringway has CPUs of its
+    /// own (e.g. Kubernetes' static CPU manager policy); where it shares
+    /// CPUs with the workloads, as a DaemonSet usually does, a pinned
+    /// executor waits behind whatever runs on its CPU, so the default is
+    /// to let the scheduler place the threads (README: Pinning).
+    #[arg(long, env = "RINGWAY_PIN", conflicts_with = "no_pin")]
+    pub pin: bool,
+
+    /// Do not pin executors (the default; kept for scripts that say so).
     #[arg(long, env = "RINGWAY_NO_PIN")]
     pub no_pin: bool,
 

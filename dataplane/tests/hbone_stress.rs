@@ -42,7 +42,7 @@ const HEADER: usize = 24;
 
 #[test]
 fn bulk_hbone_transfers_never_stall_two_cores_pinned() {
-    stress("stp", &["--cores", "2"]);
+    stress("stp", &["--cores", "2", "--pin"]);
 }
 
 #[test]

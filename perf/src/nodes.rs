@@ -417,7 +417,9 @@ impl Nodes {
                 "json",
             ]);
             if let Some(c) = cores {
+                let (c, pin) = crate::suite::split_pinning(c);
                 v.extend(strings(&["--cores", c]));
+                v.extend(pin.map(String::from));
             }
             v.extend(side.iter().cloned());
             v

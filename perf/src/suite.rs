@@ -136,10 +136,33 @@ pub struct SuiteArgs {
     pub proxy_log_level: String,
 }
 
+/// Suffixes of a `--cores` value that run that ringway pair with `--pin`
+/// (`2:pinned`) or `--no-pin` (`2:unpinned`), so a sweep compares both
+/// side by side. Without one, ringway's default applies.
+pub const PINNED: &str = ":pinned";
+pub const UNPINNED: &str = ":unpinned";
+
+/// Splits a `--cores` value into ringway's `--cores` and the pinning flag
+/// it asks for, if any.
+pub fn split_pinning(v: &str) -> (&str, Option<&'static str>) {
+    if let Some(c) = v.strip_suffix(PINNED) {
+        (c, Some("--pin"))
+    } else if let Some(c) = v.strip_suffix(UNPINNED) {
+        (c, Some("--no-pin"))
+    } else {
+        (v, None)
+    }
+}
+
 /// A `--cores` value: ringway's syntax, but "1,2" is refused as ambiguous
-/// (a sweep of 1 and 2 cores, or CPUs 1 and 2?).
+/// (a sweep of 1 and 2 cores, or CPUs 1 and 2?). `:unpinned` may follow.
 pub fn parse_cores(s: &str) -> Result<String, String> {
-    let t = s.trim();
+    let (t, pin) = split_pinning(s.trim());
+    let suffix = match pin {
+        Some("--pin") => PINNED,
+        Some(_) => UNPINNED,
+        None => "",
+    };
     let valid = !t.is_empty()
         && t.split(',').all(|part| {
             let mut ends = part.split('-');
@@ -152,7 +175,7 @@ pub fn parse_cores(s: &str) -> Result<String, String> {
         });
     if !valid {
         return Err(format!(
-            "invalid --cores {t:?}: a count (\"2\") or a CPU list (\"0-1\", \"1-1,3-3\")"
+            "invalid --cores {t:?}: a count (\"2\") or a CPU list (\"0-1\", \"1-1,3-3\"), optionally followed by {PINNED:?} or {UNPINNED:?}"
         ));
     }
     if t.contains(',') && !t.contains('-') {
@@ -161,7 +184,7 @@ pub fn parse_cores(s: &str) -> Result<String, String> {
              for a CPU list use ranges (\"0-1\" or \"1-1,3-3\")"
         ));
     }
-    Ok(t.to_string())
+    Ok(format!("{t}{suffix}"))
 }
 
 /// A `--peer` value.
@@ -184,6 +207,7 @@ pub fn parse_peer(s: &str) -> Result<KnownPeer, String> {
 
 /// CPUs a `--cores` value stands for ("2" → 2, "0-1,3-3" → 3).
 pub fn cpu_count(cores: &str) -> Option<usize> {
+    let (cores, _) = split_pinning(cores);
     if !cores.contains(['-', ',']) {
         return cores.parse().ok();
     }
@@ -1353,6 +1377,12 @@ mod tests {
         assert_eq!(parse_cores("2").unwrap(), "2");
         assert_eq!(parse_cores(" 0-1 ").unwrap(), "0-1");
         assert_eq!(parse_cores("1-1,3-3").unwrap(), "1-1,3-3");
+        assert_eq!(parse_cores("2:unpinned").unwrap(), "2:unpinned");
+        assert_eq!(parse_cores("1:pinned").unwrap(), "1:pinned");
+        assert_eq!(split_pinning("2:unpinned"), ("2", Some("--no-pin")));
+        assert_eq!(split_pinning("2:pinned"), ("2", Some("--pin")));
+        assert_eq!(split_pinning("0-1"), ("0-1", None));
+        assert!(parse_cores(":unpinned").is_err());
         assert!(parse_cores("1,2").unwrap_err().contains("ambiguous"));
         assert!(parse_cores("").is_err());
         assert!(parse_cores("a").is_err());

@@ -96,7 +96,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !socks5.is_empty() {
         specs.push((TrafficPath::Socks5, socks5));
     }
-    let per_core = bind_all(&specs, plan.cpus.len())?;
+    let keepalive = (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive);
+    let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
     let bound: Vec<(TrafficPath, std::net::SocketAddr)> =
         per_core[0].iter().map(|l| (l.path, l.addr)).collect();
     let self_addrs = SelfAddrs {

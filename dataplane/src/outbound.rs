@@ -268,8 +268,10 @@ pub fn serve(
     mut log: ConnLog,
 ) -> Option<impl Future<Output = ()>> {
     let fd = client.as_raw_fd();
-    log.src = socket::peer_addr(fd).ok();
-    let dst = match socket::captured_dst(fd, false) {
+    if log.src.is_none() {
+        log.src = socket::peer_addr(fd).ok();
+    }
+    let dst = match socket::captured_dst(fd, log.src, false) {
         Ok(d) => d,
         Err(e) => {
             log.fail(format!(
@@ -507,9 +509,6 @@ async fn proxy_hbone(
     if !announce(core, &client, downstream, None, log).await {
         return;
     }
-    if let Err(e) = socket::tune_stream(&client, core.cfg.connect.keepalive) {
-        tracing::debug!(error = %e, "could not tune the downstream socket");
-    }
     let outcome = hbone::pump(
         &core.poller,
         fd,
@@ -543,9 +542,6 @@ pub async fn proxy_direct(
     };
     if !announce(core, &client, downstream, Some(server.as_fd()), log).await {
         return;
-    }
-    if let Err(e) = socket::tune_stream(&client, core.cfg.connect.keepalive) {
-        tracing::debug!(error = %e, "could not tune the downstream socket");
     }
     let outcome = core
         .copier

@@ -107,33 +107,47 @@ pub fn original_dst(fd: RawFd, local: SocketAddr) -> io::Result<SocketAddr> {
         .ok_or_else(|| io::Error::other("SO_ORIGINAL_DST returned an unknown family"))
 }
 
-/// The original destination of a captured connection. With `tproxy`, a
-/// connection that was not NATed is taken to be TPROXY-delivered, whose
-/// local address *is* the original destination.
-pub fn captured_dst(fd: RawFd, tproxy: bool) -> io::Result<SocketAddr> {
-    let local = local_addr(fd)?;
-    match original_dst(fd, local) {
-        Err(e) if tproxy && e.raw_os_error() == Some(libc::ENOENT) => Ok(local),
+/// The original destination of a captured connection, whose peer is
+/// `peer` (its family picks the socket option: no `getsockname` needed).
+/// With `tproxy`, a connection that was not NATed is taken to be
+/// TPROXY-delivered, whose local address *is* the original destination.
+pub fn captured_dst(fd: RawFd, peer: Option<SocketAddr>, tproxy: bool) -> io::Result<SocketAddr> {
+    let family = match peer {
+        Some(p) => p,
+        None => local_addr(fd)?,
+    };
+    match original_dst(fd, family) {
+        Err(e) if tproxy && e.raw_os_error() == Some(libc::ENOENT) => local_addr(fd),
         other => other,
     }
 }
 
-/// Accepts one connection if one is queued (nonblocking, CLOEXEC).
-pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+/// Accepts one connection if one is queued (nonblocking, CLOEXEC), with
+/// its peer's address (from accept4 itself: no `getpeername` per
+/// connection).
+pub fn accept(listener: RawFd) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: accept4 writes at most `len` bytes of address into storage.
     let fd = cvt(unsafe {
         libc::accept4(
             listener,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
+            storage.as_mut_ptr() as *mut _,
+            &mut len,
             libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
         )
     })?;
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: accept4 returned a fresh fd that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: storage is zero-initialised and accept4 filled in an address.
+    let peer = unsafe { to_socket_addr(storage.as_ptr() as *const libc::sockaddr) };
+    Ok((fd, peer))
 }
 
 /// Per-socket TCP options every proxied socket gets: NODELAY (TLS and
 /// request/response traffic crawl without it, stack-notes §3) and keepalive
-/// so dead peers of idle connections are eventually noticed.
+/// so dead peers of idle connections are eventually noticed. Set on the
+/// listeners (accepted sockets inherit them) and on each outbound socket.
 pub fn tune_stream(fd: &impl std::os::fd::AsFd, keepalive: Option<Duration>) -> io::Result<()> {
     let sock = socket2::SockRef::from(fd);
     sock.set_tcp_nodelay(true)?;

@@ -31,13 +31,13 @@ use crate::stream::FdStream;
 /// Serves one TCP connection accepted on 15008.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let fd = conn.as_raw_fd();
-    let conn_src = match socket::peer_addr(fd) {
+    let conn_src = match log.src.map_or_else(|| socket::peer_addr(fd), Ok) {
         Ok(a) => a,
         Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
     };
     log.src = Some(conn_src);
     log.route = "hbone_connection";
-    let dst = match socket::captured_dst(fd, true) {
+    let dst = match socket::captured_dst(fd, Some(conn_src), true) {
         Ok(d) => d,
         Err(e) => return log.fail(format!("cannot read the destination: {e}")),
     };
@@ -61,11 +61,6 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         return log.fail(format!("no certificate for {id}; refusing (fail closed)"));
     };
 
-    // NODELAY: TLS records and HTTP/2 frames are small writes; with Nagle
-    // plus delayed ACK each exchange can stall ~40 ms (stack-notes §3).
-    if let Err(e) = socket::tune_stream(&conn, core.cfg.connect.keepalive) {
-        tracing::debug!(error = %e, "could not tune the HBONE socket");
-    }
     let stream = FdStream::new(conn, core.poller.clone());
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
     let tls_stream = match with_timeout(core.cfg.handshake_timeout, acceptor.accept(stream)).await {

@@ -28,16 +28,17 @@ ulimit -l unlimited 2>/dev/null || true
 ulimit -n 65536 2>/dev/null || true
 
 # The real Istio ztunnel is the peer of the differential authorization test
-# (dataplane/tests/ztunnel_diff.rs). It is never built from this tree: a
-# prebuilt binary beside the repository, or RINGWAY_ZTUNNEL=<path>.
-# Without one, RINGWAY_ZTUNNEL=absent makes that test say it did not run.
+# (dataplane/tests/ztunnel_diff.rs) and of the perf harness's ztunnel rig
+# (perf/tests/ztunnel_rig.rs). It is never built from this tree: a prebuilt
+# binary beside the repository, or RINGWAY_ZTUNNEL=<path>. Without one,
+# RINGWAY_ZTUNNEL=absent makes those tests say they did not run.
 ztunnel_note=""
 if [ -z "${RINGWAY_ZTUNNEL:-}" ]; then
   if [ -x "$(pwd)/../shared/peers/ztunnel/ztunnel" ]; then
     export RINGWAY_ZTUNNEL="$(pwd)/../shared/peers/ztunnel/ztunnel"
   else
     export RINGWAY_ZTUNNEL=absent
-    ztunnel_note="NOTE: no ztunnel peer at $(pwd)/../shared/peers/ztunnel/ztunnel and RINGWAY_ZTUNNEL unset: the differential authorization test against ztunnel is NOT RUN (set RINGWAY_ZTUNNEL=<path to ztunnel>)"
+    ztunnel_note="NOTE: no ztunnel peer at $(pwd)/../shared/peers/ztunnel/ztunnel and RINGWAY_ZTUNNEL unset: the tests against ztunnel (differential authorization, perf ztunnel rig) are NOT RUN (set RINGWAY_ZTUNNEL=<path to ztunnel>)"
     echo "$ztunnel_note" >&2
   fi
 fi

@@ -120,8 +120,7 @@ pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
             Ok((conn, peer)) => {
                 let mut log = ConnLog::new(core.open.clone(), core.index, listener.path);
                 log.src = peer;
-                crate::executor::spawn_local(crate::runtime::serve(core.clone(), conn, log))
-                    .detach();
+                crate::executor::spawn_detached(crate::runtime::serve(core.clone(), conn, log));
                 crate::executor::yield_if_needed().await;
             }
             Err(e) if socket::would_block(&e) => {

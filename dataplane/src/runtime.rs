@@ -122,10 +122,9 @@ pub fn spawn_cancellable(
     fut: impl std::future::Future<Output = ()> + 'static,
 ) {
     let mut force_close = core.force_close.clone();
-    crate::executor::spawn_local(futures_lite::future::or(fut, async move {
+    crate::executor::spawn_detached(futures_lite::future::or(fut, async move {
         let _ = force_close.wait_for(|closing| *closing).await;
-    }))
-    .detach();
+    }));
 }
 
 /// What crosses into a core at startup (Send).

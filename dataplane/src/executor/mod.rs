@@ -116,6 +116,12 @@ pub fn spawn_local<T: 'static>(fut: impl Future<Output = T> + 'static) -> Task<T
     with_local(|l| task::spawn(l, fut))
 }
 
+/// Spawns `fut` on the current core to run to its end, without a handle
+/// (and without the allocation a handle needs).
+pub fn spawn_detached(fut: impl Future<Output = ()> + 'static) {
+    with_local(|l| task::spawn_detached(l, fut))
+}
+
 /// Yields once if the current pass has run for [`PREEMPT_AFTER`] already.
 pub async fn yield_if_needed() {
     let late = CURRENT.with(|c| {

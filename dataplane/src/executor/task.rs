@@ -128,6 +128,21 @@ pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 's
             w.wake();
         }
     };
+    Task {
+        join,
+        header: Some(insert(local, Box::pin(body))),
+    }
+}
+
+/// A task nobody awaits or cancels: no join state at all (a connection's
+/// task lives as long as the connection, so its size is per-connection
+/// memory).
+pub(super) fn spawn_detached(local: &Local, fut: impl Future<Output = ()> + 'static) {
+    insert(local, Box::pin(fut));
+}
+
+/// Puts `future` in the slab and queues it to run.
+fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>) -> Arc<Header> {
     let mut tasks = local.tasks.borrow_mut();
     let entry = tasks.vacant_entry();
     let header = Arc::new(Header {
@@ -138,15 +153,12 @@ pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 's
     entry.insert(Slot {
         waker: Waker::from(header.clone()),
         header: header.clone(),
-        future: Some(Box::pin(body)),
+        future: Some(future),
         cancelled: false,
     });
     drop(tasks);
     local.queue.borrow_mut().push_back(header.clone());
-    Task {
-        join,
-        header: Some(header),
-    }
+    header
 }
 
 impl<T> Task<T> {

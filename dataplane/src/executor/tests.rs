@@ -130,9 +130,21 @@ fn dropping_a_handle_cancels_and_detach_does_not() {
             })
             .detach();
         }
+        let handleless = Rc::new(Cell::new(false));
+        {
+            let handleless = handleless.clone();
+            spawn_detached(async move {
+                timer::sleep(Duration::from_millis(5)).await;
+                handleless.set(true);
+            });
+        }
         timer::sleep(Duration::from_millis(40)).await;
         assert!(!ran_on.get(), "a cancelled task ran");
         assert!(detached.get(), "a detached task did not run");
+        assert!(
+            handleless.get(),
+            "a task spawned without a handle did not run"
+        );
     });
 }
 

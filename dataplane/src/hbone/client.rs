@@ -215,7 +215,7 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
     let cfg = core.pool.cfg;
     let driver_broken = broken.clone();
     let core_index = core.index;
-    crate::executor::spawn_local(async move {
+    crate::executor::spawn_detached(async move {
         let keepalive = async {
             let Some(mut pp) = ping_pong else {
                 return std::future::pending::<String>().await;
@@ -241,8 +241,7 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
         .await;
         driver_broken.set(true);
         tracing::debug!(core = core_index, conn = id, %addr, why, "HBONE connection ended");
-    })
-    .detach();
+    });
     tracing::debug!(core = core.index, conn = id, %addr, src = %key.src, dst = %key.dst, "HBONE connection established");
     Ok(PooledConn::new(id, sender, broken))
 }

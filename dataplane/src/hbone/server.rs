@@ -270,7 +270,12 @@ async fn carry(
     recv: h2::RecvStream,
     log: &ConnLog,
 ) {
-    let upstream = match socket::connect(&core.poller, target, core.cfg.connect).await {
+    // Both phases are boxed: an async fn keeps room for every future it
+    // awaits side by side (1.8 KB here), and an open tunnel's task lives as
+    // long as the tunnel. Boxed, the connect state is freed once connected
+    // and the task holds only what the pump needs.
+    let connecting = Box::pin(socket::connect(&core.poller, target, core.cfg.connect));
+    let upstream = match connecting.await {
         Ok(s) => s,
         Err(e) => {
             reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
@@ -286,14 +291,14 @@ async fn carry(
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };
     // Received from the tunnel = sent by the remote client.
-    let outcome = pump(
+    let outcome = Box::pin(pump(
         &core.poller,
         upstream.as_raw_fd(),
         send,
         recv,
         &log.received,
         &log.sent,
-    )
+    ))
     .await;
     match outcome {
         PumpOutcome::Closed => log.finish("closed"),

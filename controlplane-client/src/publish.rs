@@ -5,7 +5,7 @@
 //! (a per-connection `load` is a few atomics), and a `tokio::sync::watch`
 //! carrying the version wakes tasks that must react to a change. Only the
 //! `sync` part of tokio is used on the reader side, so a feed can be awaited
-//! from any executor (glommio included) without a tokio runtime.
+//! from any executor (the data plane's own included) without a tokio runtime.
 //!
 //! Generic over what is handed over; it uses only the [`model`](crate::model)
 //! (for the [`Snapshot`] aliases), and whoever publishes something else
@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(publisher.current().version(), 2);
     }
 
-    /// The feed is awaited on a thread with no tokio runtime (as on a glommio
+    /// The feed is awaited on a thread with no tokio runtime (as on a data-plane
     /// core) while another thread publishes.
     #[test]
     fn feed_wakes_on_publish_from_another_thread() {

@@ -1,4 +1,4 @@
-//! ringway's data plane: one pinned glommio executor per core, each with
+//! ringway's data plane: one executor per core (`executor`), each with
 //! its own listeners, readiness ring, copy pools and snapshot slot.
 //!
 //! Layout:
@@ -10,7 +10,8 @@
 //! - [`hbone`]: HTTP/2 CONNECT over mTLS: server, client, per-core pool, stream pump.
 //! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
 //! - [`copy`]: splice / userspace byte movement with TCP half-close and RST semantics.
-//! - [`uring`]: the per-core io_uring readiness reactor the copy engine waits on.
+//! - [`executor`]: the per-core executor (tasks, timers, cross-thread wake-ups) that sleeps on the core's ring.
+//! - [`uring`]: the per-core io_uring readiness reactor every socket wait goes through.
 //! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
 //! - [`accesslog`]: one log line per connection.
 //! - [`config`]: flags and environment.

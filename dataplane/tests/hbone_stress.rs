@@ -7,7 +7,8 @@
 //! tails). Every byte is checked.
 //!
 //! It was written for issue 10: glommio parked an executor that still had
-//! runnable tasks, and tunnels stopped for seconds (see vendor/README.md).
+//! runnable tasks, and tunnels stopped for seconds; ringway now runs on
+//! its own executor (`src/executor/`), and this test keeps it honest.
 //! Before that fix the one-core scenario stalled in most runs.
 //!
 //! `RINGWAY_STRESS_SECS` sets each scenario's budget (default 12 s),

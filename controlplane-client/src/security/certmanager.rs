@@ -165,7 +165,7 @@ pub async fn run_builtin_cert_manager(
 }
 
 /// How cores ask for a certificate: send the identity. `Send`, and sending
-/// needs no tokio runtime, so it works from glommio threads.
+/// needs no tokio runtime, so it works from the data-plane cores.
 pub type CertRequests = mpsc::UnboundedSender<Identity>;
 
 /// Tuning for [`CertManager`].
@@ -371,8 +371,8 @@ async fn sleep_or_forever(duration: Option<Duration>) {
 /// Waits for `id`'s certificate on a core: returns it at once when the
 /// current [`CertSnapshot`] has a valid one; otherwise asks the manager
 /// (urgently) and waits for a snapshot that has it, until `deadline`
-/// completes (pass a timer of the core's executor, e.g. a glommio
-/// `Timer`). Needs no tokio runtime. `None` (fail closed) on deadline, or
+/// completes (pass a timer of the core's executor, e.g. the data plane's
+/// `timer::sleep`). Needs no tokio runtime. `None` (fail closed) on deadline, or
 /// when the manager or the publisher is gone.
 pub async fn wait_for_cert(
     feed: &mut CertFeed,

@@ -501,7 +501,7 @@ pub fn resolves(snapshot: &Snapshot, network: &str, ip: IpAddr) -> bool {
 /// name (uid or "ns/hostname") with "network/IP" only among its aliases.
 ///
 /// Runtime-agnostic: pass the executor's own timer (e.g.
-/// `glommio::timer::sleep(DEFAULT_ON_DEMAND_TIMEOUT)`). Returns true at once
+/// the core executor's `timer::sleep(DEFAULT_ON_DEMAND_TIMEOUT)`). Returns true at once
 /// when the address already resolves, false when the client is gone.
 pub async fn lookup_on_demand<T: Future>(
     feed: &mut SnapshotFeed,

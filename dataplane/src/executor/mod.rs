@@ -62,7 +62,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// Called after queueing a task. The fence pairs with the one in
+    /// `turn`: either the core sees the queued task before it sleeps, or
+    /// this sees `parked` and rings.
     fn ring_doorbell(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.parked.swap(false, Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to an fd we own.
@@ -305,6 +309,7 @@ impl Local {
         // Sleep. Tell remote wakers first, then look once more, so a wake
         // between the look and the sleep rings the doorbell.
         self.shared.parked.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         if !self.shared.remote_rx.is_empty() {
             self.shared.parked.store(false, Ordering::SeqCst);
             return;

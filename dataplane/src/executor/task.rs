@@ -31,16 +31,20 @@ impl Wake for Header {
             return;
         }
         // On the owning core: a queue push, nothing else.
-        let local = CURRENT.with(|c| {
-            let c = c.borrow();
-            match c.as_ref() {
-                Some(l) if std::ptr::eq(Arc::as_ptr(&l.shared), self.shared.as_ptr()) => {
-                    l.queue.borrow_mut().push_back(self.clone());
-                    true
+        // try_with: a waker may fire while this thread's locals are being
+        // destroyed; then it is not the owning core any more.
+        let local = CURRENT
+            .try_with(|c| {
+                let c = c.borrow();
+                match c.as_ref() {
+                    Some(l) if std::ptr::eq(Arc::as_ptr(&l.shared), self.shared.as_ptr()) => {
+                        l.queue.borrow_mut().push_back(self.clone());
+                        true
+                    }
+                    _ => false,
                 }
-                _ => false,
-            }
-        });
+            })
+            .unwrap_or(false);
         if local {
             return;
         }
@@ -190,7 +194,7 @@ impl<T> Drop for Task<T> {
         if self.join.done.get() {
             return;
         }
-        let fut = CURRENT.with(|c| {
+        let fut = CURRENT.try_with(|c| {
             let c = c.borrow();
             let local = c.as_ref()?;
             let mut tasks = local.tasks.borrow_mut();
@@ -209,6 +213,6 @@ impl<T> Drop for Task<T> {
                 }
             }
         });
-        drop(fut);
+        drop(fut.ok().flatten());
     }
 }

@@ -86,7 +86,9 @@ impl Future for Sleep {
 impl Sleep {
     fn unregister(&mut self) {
         if let Some(k) = self.key.take() {
-            CURRENT.with(|c| {
+            // try_with: dropped while the thread's locals are destroyed,
+            // there is no executor left to unregister from.
+            let _ = CURRENT.try_with(|c| {
                 if let Some(local) = c.borrow().as_ref() {
                     local.timers.borrow_mut().pending.remove(&k);
                 }

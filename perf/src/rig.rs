@@ -348,15 +348,7 @@ impl Proxy {
 
     /// Fails if the process has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}); its log ({}):\n{}",
-                self.name,
-                self.log.display(),
-                tail(&self.log, 20)
-            );
-        }
-        Ok(())
+        check_alive(&mut self.child, &self.name, &self.log)
     }
 }
 
@@ -492,6 +484,18 @@ impl Drop for CommandProxy {
 }
 
 /// The last `n` lines of a log file.
+/// Fails, with the tail of its log, if the proxy process `name` has exited.
+pub fn check_alive(child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
+    if let Some(status) = child.try_wait()? {
+        bail!(
+            "{name} exited ({status}); its log ({}):\n{}",
+            log.display(),
+            tail(log, 20)
+        );
+    }
+    Ok(())
+}
+
 pub fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();

@@ -157,15 +157,7 @@ impl Ztunnel {
 
     /// Fails, with its log's tail, if the process has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} exited ({status}); its log ({}):\n{}",
-                self.name,
-                self.log.display(),
-                rig::tail(&self.log, 20)
-            );
-        }
-        Ok(())
+        rig::check_alive(&mut self.child, &self.name, &self.log)
     }
 }
 

@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{require_root, ringway_bin, run_suite, variant_keys};
+use common::{require_root, ringway_bin, run_suite, tiny_run, variant_keys};
 
 fn assert_svg(path: &Path) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -48,34 +48,21 @@ fn quick_suite_on_the_two_node_rig() {
         &ringway,
         out.path(),
         &[
-            "--rounds",
-            "1",
-            "--bytes",
-            "8M",
-            "--streams",
-            "1,2",
-            "--rr-duration",
-            "300ms",
-            "--rr-kernel-duration",
-            "300ms",
-            "--connect-duration",
-            "300ms",
-            "--idle-connections",
-            "20",
-            "--idle-settle",
-            "100ms",
-            "--no-calibrate",
-            "--cores",
-            "1",
-            "--cores",
-            "2",
-            "--peer-socks",
-            "127.0.0.1:15080",
-            "--peer-name",
-            "the peer",
-            "--peer-cmd",
-            &peer_cmd,
-        ],
+            &tiny_run("1,2")[..],
+            &[
+                "--cores",
+                "1",
+                "--cores",
+                "2",
+                "--peer-socks",
+                "127.0.0.1:15080",
+                "--peer-name",
+                "the peer",
+                "--peer-cmd",
+                &peer_cmd,
+            ],
+        ]
+        .concat(),
     );
     assert_eq!(
         variant_keys(&json),

@@ -15,7 +15,7 @@ mod common;
 use std::io::Write;
 use std::path::Path;
 
-use common::{require_root, ringway_bin, run_suite, variant_keys};
+use common::{require_root, ringway_bin, run_suite, tiny_run, variant_keys};
 
 /// The ztunnel binary, or None when RINGWAY_ZTUNNEL=absent.
 fn ztunnel() -> Option<std::path::PathBuf> {
@@ -50,27 +50,7 @@ fn suite_with_ztunnel_as_the_peer() {
     let (_stderr, json) = run_suite(
         &ringway,
         out.path(),
-        &[
-            "--peer",
-            &peer,
-            "--rounds",
-            "1",
-            "--bytes",
-            "8M",
-            "--streams",
-            "1",
-            "--rr-duration",
-            "300ms",
-            "--rr-kernel-duration",
-            "300ms",
-            "--connect-duration",
-            "300ms",
-            "--idle-connections",
-            "20",
-            "--idle-settle",
-            "100ms",
-            "--no-calibrate",
-        ],
+        &[&["--peer", &peer][..], &tiny_run("1")].concat(),
     );
     assert_eq!(
         variant_keys(&json),

@@ -38,6 +38,31 @@ pub fn ringway_bin() -> PathBuf {
     }
 }
 
+/// Suite arguments for a smoke run: one round, tiny sizes, no calibration.
+/// `streams` is the --streams value.
+#[allow(dead_code)] // each test binary compiles this module; not all use it
+pub fn tiny_run(streams: &str) -> Vec<&str> {
+    vec![
+        "--rounds",
+        "1",
+        "--bytes",
+        "8M",
+        "--streams",
+        streams,
+        "--rr-duration",
+        "300ms",
+        "--rr-kernel-duration",
+        "300ms",
+        "--connect-duration",
+        "300ms",
+        "--idle-connections",
+        "20",
+        "--idle-settle",
+        "100ms",
+        "--no-calibrate",
+    ]
+}
+
 /// Runs `ringway-perf suite --ringway RINGWAY --out OUT ARGS...`, which
 /// must succeed; returns its progress output and results.json.
 pub fn run_suite(ringway: &Path, out: &Path, args: &[&str]) -> (String, serde_json::Value) {

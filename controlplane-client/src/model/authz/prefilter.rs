@@ -220,25 +220,10 @@ impl Prefilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Clause, PolicyAction, PolicyScope, Rule};
+    use crate::model::PolicyAction;
 
     fn policy(rules: Vec<Vec<Vec<Match>>>) -> Policy {
-        Policy {
-            name: "p".into(),
-            namespace: "ns".into(),
-            scope: PolicyScope::Namespace,
-            action: PolicyAction::Deny,
-            dry_run: false,
-            rules: rules
-                .into_iter()
-                .map(|clauses| Rule {
-                    clauses: clauses
-                        .into_iter()
-                        .map(|matches| Clause { matches })
-                        .collect(),
-                })
-                .collect(),
-        }
+        super::super::tests::policy("p", PolicyAction::Deny, rules)
     }
 
     fn ports(v: &[u16]) -> Match {

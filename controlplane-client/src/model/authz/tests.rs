@@ -19,7 +19,8 @@ fn id(s: &str) -> Identity {
     s.parse().unwrap()
 }
 
-fn policy(name: &str, action: PolicyAction, rules: Vec<Vec<Vec<Match>>>) -> Policy {
+/// A namespace-scoped policy in `ns` from rules → clauses → matches.
+pub(super) fn policy(name: &str, action: PolicyAction, rules: Vec<Vec<Vec<Match>>>) -> Policy {
     Policy {
         name: name.into(),
         namespace: "ns".into(),

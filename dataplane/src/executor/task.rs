@@ -61,7 +61,6 @@ impl Wake for Header {
 /// A task in the executor's slab.
 pub(super) struct Slot {
     header: Arc<Header>,
-    waker: Waker,
     /// None while the future is being polled (taken out so that it may
     /// spawn or cancel other tasks, which borrows the slab).
     future: Option<Pin<Box<dyn Future<Output = ()>>>>,
@@ -73,26 +72,30 @@ pub(super) struct Slot {
 pub(super) fn run(local: &Local, h: Arc<Header>) {
     // Cleared before the poll: a wake during the poll queues it again.
     h.scheduled.store(false, Ordering::Release);
-    let (mut fut, waker) = {
+    let key = h.key;
+    let mut fut = {
         let mut tasks = local.tasks.borrow_mut();
-        match tasks.get_mut(h.key) {
+        match tasks.get_mut(key) {
             Some(slot) if Arc::ptr_eq(&slot.header, &h) => match slot.future.take() {
-                Some(f) => (f, slot.waker.clone()),
+                Some(f) => f,
                 None => return,
             },
             // A stale wake of a task that ended (its key may be reused).
             _ => return,
         }
     };
+    // The queue's reference becomes the waker: no reference count traffic
+    // per poll.
+    let waker = Waker::from(h);
     let done = fut
         .as_mut()
         .poll(&mut Context::from_waker(&waker))
         .is_ready();
     let dropped = {
         let mut tasks = local.tasks.borrow_mut();
-        let slot = &mut tasks[h.key];
+        let slot = &mut tasks[key];
         if done || slot.cancelled {
-            tasks.remove(h.key);
+            tasks.remove(key);
             Some(fut)
         } else {
             slot.future = Some(fut);
@@ -155,7 +158,6 @@ fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>) -> Arc<Heade
         shared: Arc::downgrade(&local.shared),
     });
     entry.insert(Slot {
-        waker: Waker::from(header.clone()),
         header: header.clone(),
         future: Some(future),
         cancelled: false,

@@ -74,6 +74,17 @@ pub struct ConnLog {
 }
 
 impl ConnLog {
+    /// The client's address: the one accept4 reported (the accept loop sets
+    /// `src`), else asked of the socket; recorded either way.
+    pub fn client_addr(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<SocketAddr> {
+        let addr = match self.src {
+            Some(a) => a,
+            None => crate::socket::peer_addr(fd)?,
+        };
+        self.src = Some(addr);
+        Ok(addr)
+    }
+
     pub fn new(open: Rc<OpenConnections>, core: usize, path: TrafficPath) -> Self {
         open.count.set(open.count.get() + 1);
         Self {

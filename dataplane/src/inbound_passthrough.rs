@@ -16,11 +16,10 @@ use crate::socket;
 
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
-    let src = match log.src.map_or_else(|| socket::peer_addr(fd), Ok) {
+    let src = match log.client_addr(fd) {
         Ok(a) => a,
         Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
     };
-    log.src = Some(src);
     let dst = match socket::captured_dst(fd, Some(src), true) {
         Ok(d) => d,
         Err(e) => return log.fail(format!("cannot read the original destination: {e}")),

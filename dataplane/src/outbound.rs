@@ -268,10 +268,8 @@ pub fn serve(
     mut log: ConnLog,
 ) -> Option<impl Future<Output = ()>> {
     let fd = client.as_raw_fd();
-    if log.src.is_none() {
-        log.src = socket::peer_addr(fd).ok();
-    }
-    let dst = match socket::captured_dst(fd, log.src, false) {
+    let src = log.client_addr(fd).ok();
+    let dst = match socket::captured_dst(fd, src, false) {
         Ok(d) => d,
         Err(e) => {
             log.fail(format!(

@@ -362,9 +362,7 @@ impl From<Malformed> for Abort {
 /// --handshake-timeout), resolve, then the shared outbound route.
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
-    if log.src.is_none() {
-        log.src = socket::peer_addr(fd).ok();
-    }
+    let _ = log.client_addr(fd);
     let limit = core.cfg.handshake_timeout;
     let target = match crate::hbone::with_timeout(limit, handshake(&core, fd)).await {
         None => {

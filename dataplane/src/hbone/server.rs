@@ -31,11 +31,10 @@ use crate::stream::FdStream;
 /// Serves one TCP connection accepted on 15008.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let fd = conn.as_raw_fd();
-    let conn_src = match log.src.map_or_else(|| socket::peer_addr(fd), Ok) {
+    let conn_src = match log.client_addr(fd) {
         Ok(a) => a,
         Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
     };
-    log.src = Some(conn_src);
     log.route = "hbone_connection";
     let dst = match socket::captured_dst(fd, Some(conn_src), true) {
         Ok(d) => d,

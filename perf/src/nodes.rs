@@ -419,7 +419,7 @@ impl Nodes {
             if let Some(c) = cores {
                 let (c, pin) = crate::suite::split_pinning(c);
                 v.extend(strings(&["--cores", c]));
-                v.extend(pin.map(String::from));
+                v.extend(pin.map(|p| p.flag().to_string()));
             }
             v.extend(side.iter().cloned());
             v

@@ -136,33 +136,49 @@ pub struct SuiteArgs {
     pub proxy_log_level: String,
 }
 
-/// Suffixes of a `--cores` value that run that ringway pair with `--pin`
-/// (`2:pinned`) or `--no-pin` (`2:unpinned`), so a sweep compares both
-/// side by side. Without one, ringway's default applies.
-pub const PINNED: &str = ":pinned";
-pub const UNPINNED: &str = ":unpinned";
+/// Pinning a `--cores` value asks for with a suffix (`2:pinned`,
+/// `2:unpinned`), so a sweep compares both side by side. Without one,
+/// ringway's default applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinning {
+    Pinned,
+    Unpinned,
+}
 
-/// Splits a `--cores` value into ringway's `--cores` and the pinning flag
-/// it asks for, if any.
-pub fn split_pinning(v: &str) -> (&str, Option<&'static str>) {
-    if let Some(c) = v.strip_suffix(PINNED) {
-        (c, Some("--pin"))
-    } else if let Some(c) = v.strip_suffix(UNPINNED) {
-        (c, Some("--no-pin"))
-    } else {
-        (v, None)
+impl Pinning {
+    const ALL: [Pinning; 2] = [Pinning::Pinned, Pinning::Unpinned];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Pinning::Pinned => ":pinned",
+            Pinning::Unpinned => ":unpinned",
+        }
+    }
+
+    /// ringway's flag for it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Pinning::Pinned => "--pin",
+            Pinning::Unpinned => "--no-pin",
+        }
     }
 }
 
+/// Splits a `--cores` value into ringway's `--cores` and the pinning it
+/// asks for, if any.
+pub fn split_pinning(v: &str) -> (&str, Option<Pinning>) {
+    Pinning::ALL
+        .into_iter()
+        .find_map(|p| v.strip_suffix(p.suffix()).map(|c| (c, Some(p))))
+        .unwrap_or((v, None))
+}
+
 /// A `--cores` value: ringway's syntax, but "1,2" is refused as ambiguous
-/// (a sweep of 1 and 2 cores, or CPUs 1 and 2?). `:unpinned` may follow.
+/// (a sweep of 1 and 2 cores, or CPUs 1 and 2?). A pinning suffix may
+/// follow.
 pub fn parse_cores(s: &str) -> Result<String, String> {
     let (t, pin) = split_pinning(s.trim());
-    let suffix = match pin {
-        Some("--pin") => PINNED,
-        Some(_) => UNPINNED,
-        None => "",
-    };
+    let suffix = pin.map_or("", Pinning::suffix);
     let valid = !t.is_empty()
         && t.split(',').all(|part| {
             let mut ends = part.split('-');
@@ -175,7 +191,7 @@ pub fn parse_cores(s: &str) -> Result<String, String> {
         });
     if !valid {
         return Err(format!(
-            "invalid --cores {t:?}: a count (\"2\") or a CPU list (\"0-1\", \"1-1,3-3\"), optionally followed by {PINNED:?} or {UNPINNED:?}"
+            "invalid --cores {t:?}: a count (\"2\") or a CPU list (\"0-1\", \"1-1,3-3\"), optionally followed by \":pinned\" or \":unpinned\""
         ));
     }
     if t.contains(',') && !t.contains('-') {
@@ -1379,8 +1395,8 @@ mod tests {
         assert_eq!(parse_cores("1-1,3-3").unwrap(), "1-1,3-3");
         assert_eq!(parse_cores("2:unpinned").unwrap(), "2:unpinned");
         assert_eq!(parse_cores("1:pinned").unwrap(), "1:pinned");
-        assert_eq!(split_pinning("2:unpinned"), ("2", Some("--no-pin")));
-        assert_eq!(split_pinning("2:pinned"), ("2", Some("--pin")));
+        assert_eq!(split_pinning("2:unpinned"), ("2", Some(Pinning::Unpinned)));
+        assert_eq!(split_pinning("2:pinned"), ("2", Some(Pinning::Pinned)));
         assert_eq!(split_pinning("0-1"), ("0-1", None));
         assert!(parse_cores(":unpinned").is_err());
         assert!(parse_cores("1,2").unwrap_err().contains("ambiguous"));

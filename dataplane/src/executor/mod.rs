@@ -115,7 +115,7 @@ pub fn poller() -> Rc<Poller> {
 }
 
 /// Spawns `fut` on the current core. Dropping the returned [`Task`] cancels
-/// it; [`Task::detach`] lets it run to its end.
+/// it; [`spawn_detached`] is for tasks that run to their end.
 pub fn spawn_local<T: 'static>(fut: impl Future<Output = T> + 'static) -> Task<T> {
     with_local(|l| task::spawn(l, fut))
 }
@@ -334,11 +334,6 @@ impl Local {
         timer::fire(self, Instant::now());
         self.poller.reap();
     }
-}
-
-/// Runs `fut` on a fresh executor on this thread (tests, small tools).
-pub fn block_on<T: 'static>(fut: impl Future<Output = T> + 'static) -> io::Result<T> {
-    Ok(Local::new(256)?.block_on(fut))
 }
 
 #[cfg(test)]

@@ -113,11 +113,11 @@ struct Join<T> {
     waiter: RefCell<Option<Waker>>,
 }
 
-/// Handle to a spawned task: await it for its output, drop it to cancel
-/// the task, or [`Task::detach`] it.
+/// Handle to a spawned task: await it for its output, or drop it to cancel
+/// the task (tasks nobody awaits are spawned with `spawn_detached`).
 pub struct Task<T> {
     join: Rc<Join<T>>,
-    header: Option<Arc<Header>>,
+    header: Arc<Header>,
 }
 
 pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 'static) -> Task<T> {
@@ -137,7 +137,7 @@ pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 's
     };
     Task {
         join,
-        header: Some(insert(local, Box::pin(body))),
+        header: insert(local, Box::pin(body)),
     }
 }
 
@@ -167,13 +167,6 @@ fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>) -> Arc<Heade
     header
 }
 
-impl<T> Task<T> {
-    /// Lets the task run to its end without a handle.
-    pub fn detach(mut self) {
-        self.header = None;
-    }
-}
-
 impl<T> Future for Task<T> {
     type Output = T;
 
@@ -192,7 +185,7 @@ impl<T> Future for Task<T> {
 
 impl<T> Drop for Task<T> {
     fn drop(&mut self) {
-        let Some(h) = self.header.take() else { return };
+        let h = &self.header;
         if self.join.done.get() {
             return;
         }
@@ -202,7 +195,7 @@ impl<T> Drop for Task<T> {
             let mut tasks = local.tasks.borrow_mut();
             let slot = tasks
                 .get_mut(h.key)
-                .filter(|s| Arc::ptr_eq(&s.header, &h))?;
+                .filter(|s| Arc::ptr_eq(&s.header, h))?;
             match slot.future.take() {
                 Some(f) => {
                     tasks.remove(h.key);

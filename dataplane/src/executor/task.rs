@@ -193,9 +193,7 @@ impl<T> Drop for Task<T> {
             let c = c.borrow();
             let local = c.as_ref()?;
             let mut tasks = local.tasks.borrow_mut();
-            let slot = tasks
-                .get_mut(h.key)
-                .filter(|s| Arc::ptr_eq(&s.header, h))?;
+            let slot = tasks.get_mut(h.key).filter(|s| Arc::ptr_eq(&s.header, h))?;
             match slot.future.take() {
                 Some(f) => {
                     tasks.remove(h.key);

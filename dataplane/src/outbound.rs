@@ -7,12 +7,12 @@
 //! refuses one, unless `--allow-unknown-source` (labs) lets it out as plain
 //! TCP.
 //!
-//! Routes: destinations outside the mesh and TCP-protocol workloads are
-//! connected directly (passthrough); HBONE workloads are reached through an
-//! mTLS HTTP/2 CONNECT tunnel under the source workload's identity; a
-//! service VIP is load-balanced to one of its endpoints first. Waypoints
-//! are not supported yet and are refused: ringway never falls back to
-//! plaintext for a mesh destination.
+//! Routes are decided by [`plan`] (the model's routing decision, with its
+//! table tests beside it): destinations outside the mesh and TCP-protocol
+//! workloads are connected directly; HBONE workloads, service endpoints and
+//! waypoints are reached through an mTLS HTTP/2 CONNECT tunnel under the
+//! source workload's identity. What cannot be reached is refused: ringway
+//! never falls back to plaintext for a mesh destination.
 //!
 //! [`route`] is the path itself, entered with a destination: by [`serve`]
 //! for captured traffic, and by the SOCKS5 front door
@@ -26,10 +26,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 
 use ringway_controlplane::model::identity::Identity;
-use ringway_controlplane::model::{
-    LbHealthPolicy, LbMode, TunnelProtocol, Workload, WorkloadStatus,
-};
-use ringway_controlplane::Snapshot;
+use ringway_controlplane::model::routing::{plan, Outbound, Plan, PlanError};
 
 use crate::accesslog::ConnLog;
 use crate::authorization::local_workload;
@@ -37,136 +34,6 @@ use crate::hbone;
 use crate::runtime::CoreInputs;
 use crate::socket;
 use crate::uring::Registration;
-
-/// Where an outbound connection goes.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Plan {
-    /// Plain TCP to `upstream`. `route` names why (for the access log).
-    Direct {
-        upstream: SocketAddr,
-        route: &'static str,
-    },
-    /// An HBONE tunnel to the workload `identity` at `target` (its address
-    /// and the real target port).
-    Hbone {
-        target: SocketAddr,
-        identity: Identity,
-    },
-    /// A mesh destination this build cannot reach safely; refuse it.
-    Unsupported(&'static str),
-}
-
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("service {0} has no healthy endpoint for port {1}")]
-    NoHealthyUpstream(String, u16),
-}
-
-/// The routing decision, from the snapshot alone (no I/O), in this order:
-/// service VIP → load-balanced endpoint; known workload → by its tunnel
-/// protocol; anything else → passthrough to the original destination.
-pub fn plan(snap: &Snapshot, network: &str, dst: SocketAddr) -> Result<Plan, PlanError> {
-    if let Some(svc) = snap.service_by_vip(network, dst.ip()) {
-        if svc.waypoint.is_some() {
-            return Ok(Plan::Unsupported(
-                "the service uses a waypoint, which this build cannot reach yet",
-            ));
-        }
-        let key = svc.key();
-        let allow_unhealthy = svc
-            .load_balancer
-            .as_ref()
-            .is_some_and(|lb| lb.health_policy == LbHealthPolicy::AllowAll);
-        let svc_target = svc
-            .ports
-            .iter()
-            .find(|p| p.service_port == dst.port())
-            .map(|p| p.target_port);
-        let candidates: Vec<(&Workload, u16)> = snap
-            .endpoints(&key)
-            .iter()
-            .filter(|w| allow_unhealthy || w.status == WorkloadStatus::Healthy)
-            .filter(|w| !w.addresses.is_empty())
-            .filter_map(|w| {
-                let per_workload = w
-                    .services
-                    .get(&key)
-                    .and_then(|ports| ports.iter().find(|p| p.service_port == dst.port()))
-                    .map(|p| p.target_port);
-                let target = per_workload.or(svc_target)?;
-                Some((&**w, if target == 0 { dst.port() } else { target }))
-            })
-            .collect();
-        if candidates.is_empty() {
-            if svc
-                .load_balancer
-                .as_ref()
-                .is_some_and(|lb| lb.mode == LbMode::Passthrough)
-            {
-                return Ok(Plan::Direct {
-                    upstream: dst,
-                    route: "service_passthrough",
-                });
-            }
-            return Err(PlanError::NoHealthyUpstream(key, dst.port()));
-        }
-        let (w, port) = pick_weighted(&candidates);
-        let ip = w
-            .addresses
-            .iter()
-            .find(|a| a.is_ipv4() == dst.is_ipv4())
-            .unwrap_or(&w.addresses[0]);
-        let target = SocketAddr::new(*ip, port);
-        return Ok(match w.protocol {
-            TunnelProtocol::Hbone => Plan::Hbone {
-                target,
-                identity: w.identity(),
-            },
-            TunnelProtocol::None => Plan::Direct {
-                upstream: target,
-                route: "service",
-            },
-        });
-    }
-    if let Some(w) = snap.workload_by_addr(network, dst.ip()) {
-        if w.waypoint.is_some() {
-            return Ok(Plan::Unsupported(
-                "the workload uses a waypoint, which this build cannot reach yet",
-            ));
-        }
-        return Ok(match w.protocol {
-            TunnelProtocol::Hbone => Plan::Hbone {
-                target: dst,
-                identity: w.identity(),
-            },
-            TunnelProtocol::None => Plan::Direct {
-                upstream: dst,
-                route: "workload",
-            },
-        });
-    }
-    Ok(Plan::Direct {
-        upstream: dst,
-        route: "passthrough",
-    })
-}
-
-/// Weighted random choice by workload capacity (default 1).
-fn pick_weighted<'a>(candidates: &[(&'a Workload, u16)]) -> (&'a Workload, u16) {
-    let total: u64 = candidates
-        .iter()
-        .map(|(w, _)| u64::from(w.capacity.max(1)))
-        .sum();
-    let mut n = fastrand::u64(0..total);
-    for &(w, port) in candidates {
-        let c = u64::from(w.capacity.max(1));
-        if n < c {
-            return (w, port);
-        }
-        n -= c;
-    }
-    candidates[candidates.len() - 1]
-}
 
 /// How the client of an outbound connection learns what became of its
 /// upstream: this is all that differs between the entry points feeding
@@ -350,13 +217,24 @@ pub fn route(
         );
             return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
         }
-        let upstream = match plan(&snapshot, &core.cfg.network, dst) {
+        let out = Outbound {
+            source: source.map(|w| &**w),
+            network: &core.cfg.network,
+            dst,
+            hbone_port: core.pool.cfg.hbone_port,
+        };
+        let upstream = match plan(&snapshot, out, &mut |n| fastrand::u64(0..n)) {
             Ok(Plan::Direct { upstream, route }) => {
                 log.route = route;
                 upstream
             }
-            Ok(Plan::Hbone { target, identity }) => {
-                log.route = "hbone";
+            Ok(Plan::Hbone {
+                peer,
+                authority,
+                identity,
+                route,
+            }) => {
+                log.route = route;
                 log.dst_identity = Some(identity.to_string());
                 // The tunnel speaks for the client's workload: no workload, no
                 // identity, no tunnel.
@@ -382,18 +260,22 @@ pub fn route(
                 // a plain connection must not carry the HBONE path's state, and
                 // an open tunnel must not keep what only opening it needed (the
                 // pool's TLS/HTTP/2 connect, identities, headers).
-                let open = Box::pin(open_hbone(core, target, identity, source, log));
+                let target = Target {
+                    peer,
+                    authority,
+                    identity,
+                };
+                let open = Box::pin(open_hbone(core, target, source, log));
                 let opened = open.await;
                 let tunnel = Box::pin(proxy_hbone(core, client, opened, log, downstream));
                 return tunnel.await;
             }
-            Ok(Plan::Unsupported(why)) => {
-                let why = format!("refused: {why}; never falling back to plaintext");
-                return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
-            }
             Err(e) => {
                 let failure = match e {
-                    PlanError::NoHealthyUpstream(..) => Failure::HostUnreachable,
+                    PlanError::NoHealthyUpstream { .. } | PlanError::WaypointUnavailable { .. } => {
+                        Failure::HostUnreachable
+                    }
+                    PlanError::RemoteNetwork { .. } => Failure::NetworkUnreachable,
                 };
                 let why = format!("refused: {e}");
                 return refuse(core, &client, downstream, failure, log, why).await;
@@ -466,24 +348,32 @@ struct Source {
     baggage: String,
 }
 
+/// Where an HBONE stream goes: mTLS to `peer` (an HBONE port) whose
+/// certificate must be `identity`, then CONNECT `authority`.
+struct Target {
+    peer: SocketAddr,
+    authority: SocketAddr,
+    identity: Identity,
+}
+
 /// Opens the HBONE stream to `target`, speaking for `source`, and notes
 /// the tunnel's identities, trace and upstream in `log`.
 async fn open_hbone(
     core: &Rc<CoreInputs>,
-    target: SocketAddr,
-    dst_identity: Identity,
+    target: Target,
     source: Source,
     log: &mut ConnLog,
 ) -> Result<hbone::client::OpenStream, hbone::client::HboneError> {
     log.src_identity = Some(source.identity.to_string());
-    log.upstream = Some(SocketAddr::new(target.ip(), core.pool.cfg.hbone_port));
+    log.upstream = Some(target.peer);
     let traceparent = hbone::new_traceparent();
     log.trace = Some(traceparent.clone());
     let tunnel = hbone::client::Tunnel {
         src_identity: &source.identity,
-        dst_identity: &dst_identity,
-        target,
-        forwarded: hbone::forwarded_for(log.src.unwrap_or(target)),
+        dst_identity: &target.identity,
+        peer: target.peer,
+        authority: target.authority,
+        forwarded: hbone::forwarded_for(log.src.unwrap_or(target.authority)),
         baggage: source.baggage,
         traceparent,
     };

@@ -13,6 +13,7 @@
 
 pub mod authz;
 pub mod identity;
+pub mod routing;
 pub mod snapshot;
 
 use std::collections::BTreeMap;

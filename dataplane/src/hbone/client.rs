@@ -51,8 +51,13 @@ pub enum HboneError {
 pub struct Tunnel<'a> {
     pub src_identity: &'a Identity,
     pub dst_identity: &'a Identity,
-    /// Final destination (`:authority`).
-    pub target: SocketAddr,
+    /// Where the mTLS connection goes: the destination's (or its
+    /// waypoint's) HBONE port.
+    pub peer: SocketAddr,
+    /// What the CONNECT asks for (`:authority`): the endpoint and its
+    /// target port, or a service VIP and port when going through a
+    /// waypoint.
+    pub authority: SocketAddr,
     pub forwarded: String,
     pub baggage: String,
     pub traceparent: String,
@@ -76,7 +81,7 @@ pub async fn open(core: &Rc<CoreInputs>, t: Tunnel<'_>) -> Result<OpenStream, Hb
     let key = PoolKey {
         src: t.src_identity.clone(),
         dst: t.dst_identity.clone(),
-        dst_ip: t.target.ip(),
+        peer: t.peer,
     };
     let mut retried = false;
     loop {
@@ -104,11 +109,11 @@ async fn open_on(
     t: &Tunnel<'_>,
     lease: Lease,
 ) -> Result<OpenStream, Attempt> {
-    let peer = SocketAddr::new(t.target.ip(), core.pool.cfg.hbone_port);
+    let peer = t.peer;
     lease.conn.note_stream_opened();
     let req = Request::builder()
         .method(Method::CONNECT)
-        .uri(t.target.to_string())
+        .uri(t.authority.to_string())
         .header("forwarded", t.forwarded.as_str())
         .header("traceparent", t.traceparent.as_str());
     let req = if t.baggage.is_empty() {
@@ -138,7 +143,7 @@ async fn open_on(
     };
     if response.status() != StatusCode::OK {
         return Err(Attempt::Failed(HboneError::Status(
-            t.target,
+            t.authority,
             response.status(),
         )));
     }
@@ -153,7 +158,7 @@ async fn open_on(
 /// TCP connect → mTLS (source identity's client config, no SNI) → verify
 /// the server identity → HTTP/2 handshake → driver task with keepalive.
 async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<PooledConn, HboneError> {
-    let addr = SocketAddr::new(key.dst_ip, core.pool.cfg.hbone_port);
+    let addr = key.peer;
     let tls = core
         .cert_for(&key.src)
         .await
@@ -167,7 +172,7 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
     };
     let stream = FdStream::new(tcp, core.poller.clone());
     let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
-    let server_name = ServerName::IpAddress(key.dst_ip.into());
+    let server_name = ServerName::IpAddress(key.peer.ip().into());
     let tls_stream = match with_timeout(
         core.cfg.handshake_timeout,
         connector.connect(server_name, stream),

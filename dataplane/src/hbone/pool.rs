@@ -10,7 +10,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -25,7 +25,9 @@ use super::client::HboneError;
 pub struct PoolKey {
     pub src: Identity,
     pub dst: Identity,
-    pub dst_ip: IpAddr,
+    /// The HBONE address connected to (a waypoint may listen on another
+    /// port than 15008).
+    pub peer: SocketAddr,
 }
 
 #[derive(Clone, Copy, Debug)]

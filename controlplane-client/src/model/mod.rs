@@ -239,6 +239,45 @@ pub struct Service {
     pub load_balancer: Option<LoadBalancer>,
     /// Preferred when the same hostname exists in several namespaces.
     pub canonical: bool,
+    /// Address ranges that are this service: any address inside one is
+    /// routed like a VIP (after exact VIPs, longest prefix first).
+    pub cidr_vips: Vec<NetworkCidr>,
+    /// Kept as received and shown, not used for routing: istiod sends
+    /// `waypoint` as well where traffic should go through one.
+    pub weighted_waypoints: Vec<WeightedWaypoint>,
+    /// None: decided by the addresses (AUTOMATIC). Kept as received; only
+    /// DNS answers would use it.
+    pub ip_families: Option<IpFamilies>,
+    /// Kept as received, not enforced (see README, Routing).
+    pub visibility: Visibility,
+}
+
+/// A CIDR VIP: a prefix on a named network.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NetworkCidr {
+    pub network: String,
+    pub cidr: Cidr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WeightedWaypoint {
+    pub waypoint: GatewayAddress,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpFamilies {
+    Ipv4,
+    Ipv6,
+    Dual,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Visibility {
+    #[default]
+    Public,
+    /// Meant for clients in the service's own namespace.
+    Namespace,
 }
 
 impl Service {

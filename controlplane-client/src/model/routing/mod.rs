@@ -135,7 +135,7 @@ pub type Pick<'p> = &'p mut dyn FnMut(u64) -> u64;
 /// The decision for `out` over `snap`. See the module documentation.
 pub fn plan(snap: &Snapshot, out: Outbound<'_>, pick: Pick<'_>) -> Result<Plan, PlanError> {
     let dst = out.dst;
-    if let Some(svc) = snap.service_by_vip(out.network, dst.ip()) {
+    if let Some(svc) = snap.service_by_addr(out.network, dst.ip()) {
         if let Some(wp) = &svc.waypoint {
             let key = svc.key();
             match resolve_waypoint(snap, out, wp, pick) {

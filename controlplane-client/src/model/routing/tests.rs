@@ -589,3 +589,35 @@ fn the_endpoint_address_follows_the_family_dialled() {
         hbone("10.0.1.1:15008", "10.0.1.1:8080", "web-1", route::HBONE)
     );
 }
+
+#[test]
+fn a_cidr_vip_routes_like_a_vip_and_goes_with_its_service() {
+    let mut service = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
+    service.cidr_vips = vec![crate::model::NetworkCidr {
+        network: String::new(),
+        cidr: crate::model::Cidr::new(ip("10.200.0.0"), 16).unwrap(),
+    }];
+    let s = snap(
+        vec![pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])])],
+        vec![service],
+    );
+    assert_eq!(
+        decide(&s, None, "10.200.7.7:80", 0),
+        hbone("10.0.1.1:15008", "10.0.1.1:8080", "web-1", route::HBONE)
+    );
+    assert_eq!(
+        decide(&s, None, "10.201.0.1:80", 0),
+        direct("10.201.0.1:80", route::PASSTHROUGH)
+    );
+    // Removing the service removes its range.
+    let gone = s
+        .apply(crate::model::snapshot::SnapshotDelta {
+            remove_services: vec![WEB.into()],
+            ..Default::default()
+        })
+        .snapshot;
+    assert_eq!(
+        decide(&gone, None, "10.200.7.7:80", 0),
+        direct("10.200.7.7:80", route::PASSTHROUGH)
+    );
+}

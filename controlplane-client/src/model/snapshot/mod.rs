@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::model::authz::{CompiledPolicy, Listed};
-use crate::model::{NetworkMode, Policy, Service, UnreadablePolicy, Workload};
+use crate::model::{NetworkCidr, NetworkMode, Policy, Service, UnreadablePolicy, Workload};
 use policies::PolicyEntry;
 use table::{Hasher, Keyed, Table};
 
@@ -163,6 +163,9 @@ pub struct Snapshot {
     workloads_by_addr: ByNetwork<AddrEntry>,
     /// Network → ip → service.
     services_by_vip: ByNetwork<VipEntry>,
+    /// Every CIDR VIP, longest prefix first; rebuilt when a service with
+    /// one changes (they are few).
+    services_by_cidr: Arc<[(NetworkCidr, Arc<Service>)]>,
     /// Hostname → services with it (never empty), sorted by namespace.
     services_by_hostname: Table<Named<Arc<[Arc<Service>]>>>,
     /// Service key → workloads naming it (never empty), sorted by uid. Keys
@@ -262,6 +265,18 @@ impl Snapshot {
     pub fn service_by_vip(&self, network: &str, ip: IpAddr) -> Option<&Arc<Service>> {
         let t = find_named(&self.services_by_vip, network)?;
         t.find(t.hash(&ip), |e| e.ip == ip).map(|e| &e.service)
+    }
+
+    /// The service an outbound connection to `ip` is for: by exact VIP,
+    /// else the longest CIDR VIP containing it.
+    #[inline]
+    pub fn service_by_addr(&self, network: &str, ip: IpAddr) -> Option<&Arc<Service>> {
+        self.service_by_vip(network, ip).or_else(|| {
+            self.services_by_cidr
+                .iter()
+                .find(|(c, _)| c.network == network && c.cidr.contains(ip))
+                .map(|(_, s)| s)
+        })
     }
 
     pub fn service_by_host(&self, namespace: &str, hostname: &str) -> Option<&Arc<Service>> {
@@ -871,6 +886,19 @@ impl Builder {
                 },
             );
             put_list(&mut next.endpoints, key, list);
+        }
+
+        if self
+            .changed_services
+            .iter()
+            .any(|s| !s.cidr_vips.is_empty())
+        {
+            let mut all: Vec<(NetworkCidr, Arc<Service>)> = next
+                .services()
+                .flat_map(|s| s.cidr_vips.iter().map(move |c| (c.clone(), s.clone())))
+                .collect();
+            all.sort_by_key(|e| std::cmp::Reverse(e.0.cidr.prefix_len));
+            next.services_by_cidr = all.into();
         }
 
         // Hostname → namespaces whose service may have changed.

@@ -23,10 +23,11 @@ use crate::model::{
     is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
     Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
-    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Workload,
-    WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
-    DEFAULT_TRUST_DOMAIN,
+    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility,
+    WeightedWaypoint, Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT,
+    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
 };
+use crate::model::{IpFamilies, NetworkCidr};
 use crate::publish::SnapshotPublisher;
 
 /// `examples/local.yaml`, a documented loopback config for a developer
@@ -531,6 +532,47 @@ struct RawService {
     load_balancer: Option<RawLoadBalancer>,
     #[serde(default)]
     canonical: bool,
+    #[serde(default)]
+    cidr_vips: Vec<RawCidrVip>,
+    #[serde(default)]
+    weighted_waypoints: Vec<RawWeightedWaypoint>,
+    #[serde(default)]
+    ip_families: Option<Named<IpFamilies>>,
+    #[serde(default)]
+    visibility: Named<Visibility>,
+    /// What ztunnel's own dump writes (uid → port map, status, uid). Read
+    /// for its shape and dropped: like ztunnel, ringway derives a
+    /// service's endpoints from the workloads' `services` maps.
+    #[serde(default)]
+    #[allow(dead_code)]
+    endpoints: BTreeMap<String, RawEndpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawCidrVip {
+    #[serde(default)]
+    network: String,
+    cidr: CidrDe,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawWeightedWaypoint {
+    destination: RawGateway,
+    #[serde(default)]
+    weight: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[allow(dead_code)]
+struct RawEndpoint {
+    workload_uid: String,
+    #[serde(default)]
+    port: PortMap<true>,
+    #[serde(default)]
+    status: Named<WorkloadStatus>,
 }
 
 impl RawService {
@@ -573,6 +615,24 @@ impl RawService {
                 health_policy: lb.health_policy.0,
             }),
             canonical: self.canonical,
+            cidr_vips: self
+                .cidr_vips
+                .into_iter()
+                .map(|c| NetworkCidr {
+                    network: c.network,
+                    cidr: c.cidr.0,
+                })
+                .collect(),
+            weighted_waypoints: self
+                .weighted_waypoints
+                .into_iter()
+                .map(|w| WeightedWaypoint {
+                    waypoint: w.destination.into_model(),
+                    weight: w.weight,
+                })
+                .collect(),
+            ip_families: self.ip_families.map(|f| f.0),
+            visibility: self.visibility.0,
         })
     }
 }
@@ -820,6 +880,29 @@ impl YamlEnum for LbScope {
             "Node" | "NODE" => Some(LbScope::Node),
             "Cluster" | "CLUSTER" => Some(LbScope::Cluster),
             "Network" | "NETWORK" => Some(LbScope::Network),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for IpFamilies {
+    const EXPECTED: &'static [&'static str] = &["IPv4", "IPv6", "Dual"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "IPv4" | "IPV4_ONLY" => Some(IpFamilies::Ipv4),
+            "IPv6" | "IPV6_ONLY" => Some(IpFamilies::Ipv6),
+            "Dual" | "DUAL" => Some(IpFamilies::Dual),
+            _ => None,
+        }
+    }
+}
+
+impl YamlEnum for Visibility {
+    const EXPECTED: &'static [&'static str] = &["Public", "Namespace"];
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "Public" | "PUBLIC" => Some(Visibility::Public),
+            "Namespace" | "NAMESPACE" => Some(Visibility::Namespace),
             _ => None,
         }
     }

@@ -395,9 +395,9 @@ fn unknown_fields_are_rejected_at_every_level() {
         e.starts_with("config.yaml: workloads[0].waypoint: unknown field `port`"),
         "{e}"
     );
-    // ztunnel fields we don't model are refused rather than silently ignored.
-    let e = err("services:\n- {name: s, namespace: n, hostname: h, ipFamilies: IPv4}\n");
-    assert!(e.contains("unknown field `ipFamilies`"), "{e}");
+    // Keys ztunnel's schema does not have are refused, never ignored.
+    let e = err("services:\n- {name: s, namespace: n, hostname: h, ipFamily: IPv4}\n");
+    assert!(e.contains("unknown field `ipFamily`"), "{e}");
 }
 
 #[test]
@@ -740,4 +740,74 @@ async fn watch_file_publishes_good_edits_and_keeps_last_good() {
     assert!(second.workload_by_uid("a").is_none());
 
     task.abort();
+}
+
+/// Service keys that ztunnel's own dump writes (`endpoints`, `visibility`)
+/// and the rest of its schema, in the forms the real ztunnel loads (checked
+/// against ../shared/peers/ztunnel, which rejects, for instance,
+/// `ipFamilies: IPv4Only` and a `cidrVips` entry given as a string).
+#[test]
+fn ztunnels_service_keys_load() {
+    let yaml = r#"
+workloads:
+- uid: cluster1//v1/Pod/default/local
+  name: local
+  namespace: default
+  workloadIps: ["10.0.0.1"]
+  protocol: HBONE
+  services:
+    "default/example.com": {80: 8080}
+services:
+- name: local
+  namespace: default
+  hostname: example.com
+  vips: ["/127.10.0.1"]
+  ports: {80: 8080}
+  endpoints:
+    "cluster1//v1/Pod/default/local": {port: {80: 8080}, status: Unhealthy, workloadUid: "cluster1//v1/Pod/default/local"}
+  visibility: Namespace
+  ipFamilies: IPv4
+  cidrVips: [{network: "", cidr: "10.96.0.0/16"}]
+  weightedWaypoints: [{destination: {destination: "default/wp.default.svc", hboneMtlsPort: 15009}, weight: 3}]
+"#;
+    let snap = load_snapshot(yaml, "config.yaml").unwrap();
+    let s = snap.service_by_key("default/example.com").unwrap();
+    assert_eq!(s.visibility, Visibility::Namespace);
+    assert_eq!(s.ip_families, Some(IpFamilies::Ipv4));
+    assert_eq!(
+        s.cidr_vips,
+        [NetworkCidr {
+            network: String::new(),
+            cidr: Cidr::new(ip("10.96.0.0"), 16).unwrap()
+        }]
+    );
+    assert_eq!(s.weighted_waypoints.len(), 1);
+    assert_eq!(s.weighted_waypoints[0].weight, 3);
+    assert_eq!(s.weighted_waypoints[0].waypoint.hbone_mtls_port, 15009);
+    // `endpoints` is read and dropped, as ztunnel drops it: membership and
+    // health come from the workloads (this one is healthy).
+    let eps = snap.endpoints("default/example.com");
+    assert_eq!(eps.len(), 1);
+    assert_eq!(eps[0].status, WorkloadStatus::Healthy);
+    // A CIDR VIP routes like a VIP.
+    let by_range = snap.service_by_addr("", ip("10.96.3.4")).unwrap();
+    assert_eq!(by_range.key(), "default/example.com");
+    assert!(snap.service_by_addr("", ip("10.97.0.1")).is_none());
+    assert!(snap.service_by_addr("other-net", ip("10.96.3.4")).is_none());
+}
+
+#[test]
+fn ztunnel_schema_keys_still_reject_what_ztunnel_rejects() {
+    let base = "services:\n- {name: s, namespace: ns, hostname: h, ";
+    let cases = [
+        ("ipFamilies: IPv4Only}", "ipFamilies"),
+        ("visibility: Everyone}", "visibility"),
+        ("cidrVips: [\"10.0.0.0/8\"]}", "cidrVips"),
+        ("weightedWaypoints: [{weight: 1}]}", "destination"),
+        ("endpoints: {u: {workloadUid: u, bogus: 1}}}", "bogus"),
+    ];
+    for (tail, needle) in cases {
+        let e = err(&format!("{base}{tail}\n"));
+        assert!(e.contains(needle), "{tail}: {e}");
+    }
 }

@@ -16,9 +16,11 @@
 //! | gateway `hbone_mtls_port` 0 | 15008 |
 //! | application tunnel `port` 0 | `None` (the original port) |
 //! | ports above 65535, service port 0 | error |
-//! | service VIP with a prefix `length` shorter than a host | skipped (the model has host VIPs only); a `length` longer than the address family allows is an error |
+//! | service VIP with a prefix `length` shorter than a host | a CIDR VIP; a `length` longer than the address family allows is an error |
+//! | unknown `ip_families` / `visibility` value | error |
 //! | `StringMatch` without a value | error |
-//! | `app_protocol`, `ip_families`, `visibility`, `weighted_waypoints`, `ingress_use_waypoint`, `extensions` | ignored |
+//! | `ip_families`, `visibility`, `weighted_waypoints` | kept in the model, not used for routing (README, Routing) |
+//! | `app_protocol`, `ingress_use_waypoint`, `extensions` | ignored |
 //!
 //! Every error names the offending field, e.g. `addresses[1]: IP address must
 //! be 4 or 16 bytes, got 5`; the client prefixes it with the resource name
@@ -51,6 +53,7 @@ use crate::model::{
     Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
     DEFAULT_TRUST_DOMAIN,
 };
+use crate::model::{IpFamilies, NetworkCidr, Visibility, WeightedWaypoint};
 
 /// Why one resource can't be used. The message starts with the field path
 /// when the problem is inside the resource.
@@ -359,6 +362,7 @@ pub fn service_from_proto(s: wpb::Service) -> Result<Service> {
         return fail("namespace and hostname must not contain '/'");
     }
     let mut vips = Vec::with_capacity(s.addresses.len());
+    let mut cidr_vips = Vec::new();
     for (i, a) in s.addresses.iter().enumerate() {
         let ip = ip_from_bytes(&a.address).map_err(|e| e.within(format_args!("addresses[{i}]")))?;
         if let Some(len) = a.length {
@@ -367,16 +371,41 @@ pub fn service_from_proto(s: wpb::Service) -> Result<Service> {
                 return fail(format!("addresses[{i}]: prefix length {len} exceeds {max}"));
             }
             if len < u32::from(max) {
-                tracing::debug!(
-                    service = %format_args!("{}/{}", s.namespace, s.hostname),
-                    "skipping CIDR VIP {ip}/{len} (only host VIPs are supported)"
-                );
+                let cidr = Cidr::new(ip, len as u8).expect("length checked");
+                cidr_vips.push(NetworkCidr {
+                    network: a.network.clone(),
+                    cidr,
+                });
                 continue;
             }
         }
         vips.push(NetworkAddress {
             network: a.network.clone(),
             ip,
+        });
+    }
+    let ip_families = match wpb::IpFamilies::try_from(s.ip_families) {
+        Ok(wpb::IpFamilies::Automatic) => None,
+        Ok(wpb::IpFamilies::Ipv4Only) => Some(IpFamilies::Ipv4),
+        Ok(wpb::IpFamilies::Ipv6Only) => Some(IpFamilies::Ipv6),
+        Ok(wpb::IpFamilies::Dual) => Some(IpFamilies::Dual),
+        Err(_) => return fail(unknown_enum("ip_families", s.ip_families)),
+    };
+    let visibility = match wpb::service::Visibility::try_from(s.visibility) {
+        Ok(wpb::service::Visibility::Public) => Visibility::Public,
+        Ok(wpb::service::Visibility::Namespace) => Visibility::Namespace,
+        Err(_) => return fail(unknown_enum("visibility", s.visibility)),
+    };
+    let mut weighted_waypoints = Vec::with_capacity(s.weighted_waypoints.len());
+    for (i, w) in s.weighted_waypoints.into_iter().enumerate() {
+        let Some(g) = w.destination else {
+            return fail(format!("weighted_waypoints[{i}]: no destination"));
+        };
+        let waypoint = gateway_from_proto(g)
+            .map_err(|e| e.within(format_args!("weighted_waypoints[{i}].destination")))?;
+        weighted_waypoints.push(WeightedWaypoint {
+            waypoint,
+            weight: w.weight,
         });
     }
     let ports = ports_from_proto(&s.ports).map_err(|e| e.within("ports"))?;
@@ -398,6 +427,10 @@ pub fn service_from_proto(s: wpb::Service) -> Result<Service> {
         waypoint,
         load_balancer,
         canonical: s.canonical,
+        cidr_vips,
+        weighted_waypoints,
+        ip_families,
+        visibility,
     })
 }
 
@@ -720,6 +753,29 @@ pub fn service_to_proto(s: &Service) -> wpb::Service {
                 network: v.network.clone(),
                 address: ip_to_bytes(v.ip),
                 length: None,
+            })
+            .chain(s.cidr_vips.iter().map(|c| wpb::NetworkAddress {
+                network: c.network.clone(),
+                address: ip_to_bytes(c.cidr.addr),
+                length: Some(u32::from(c.cidr.prefix_len)),
+            }))
+            .collect(),
+        ip_families: match s.ip_families {
+            None => wpb::IpFamilies::Automatic,
+            Some(IpFamilies::Ipv4) => wpb::IpFamilies::Ipv4Only,
+            Some(IpFamilies::Ipv6) => wpb::IpFamilies::Ipv6Only,
+            Some(IpFamilies::Dual) => wpb::IpFamilies::Dual,
+        } as i32,
+        visibility: match s.visibility {
+            Visibility::Public => wpb::service::Visibility::Public,
+            Visibility::Namespace => wpb::service::Visibility::Namespace,
+        } as i32,
+        weighted_waypoints: s
+            .weighted_waypoints
+            .iter()
+            .map(|w| wpb::WeightedWaypoint {
+                destination: Some(gateway_to_proto(&w.waypoint)),
+                weight: w.weight,
             })
             .collect(),
         ports: ports_to_proto(&s.ports),

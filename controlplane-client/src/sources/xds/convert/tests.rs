@@ -95,6 +95,22 @@ fn full_service() -> Service {
             health_policy: LbHealthPolicy::AllowAll,
         }),
         canonical: true,
+        cidr_vips: vec![NetworkCidr {
+            network: "net2".into(),
+            cidr: Cidr::new(ip("10.97.0.0"), 16).unwrap(),
+        }],
+        weighted_waypoints: vec![WeightedWaypoint {
+            waypoint: GatewayAddress {
+                destination: GatewayDestination::Hostname(NamespacedHostname {
+                    namespace: "shop".into(),
+                    hostname: "wp.shop.svc.cluster.local".into(),
+                }),
+                hbone_mtls_port: 15009,
+            },
+            weight: 3,
+        }],
+        ip_families: Some(IpFamilies::Dual),
+        visibility: Visibility::Namespace,
     }
 }
 
@@ -342,13 +358,27 @@ fn service_checks() {
         "ports: [0]: service_port is 0"
     );
 
-    // A CIDR VIP is skipped, a host-length one kept, a too-long one refused.
+    // A short prefix is a CIDR VIP, a host-length one a VIP, a too-long
+    // one refused.
     let mut s = service_to_proto(&full_service());
     s.addresses[0].length = Some(24);
     s.addresses[1].length = Some(128);
     let parsed = service_from_proto(s).unwrap();
     assert_eq!(parsed.vips.len(), 1);
     assert_eq!(parsed.vips[0].ip, ip("fd00:96::10"));
+    assert_eq!(
+        parsed.cidr_vips[0],
+        NetworkCidr {
+            network: "".into(),
+            cidr: Cidr::new(ip("10.96.0.10"), 24).unwrap()
+        }
+    );
+    let mut s = service_to_proto(&full_service());
+    s.visibility = 9;
+    assert_eq!(
+        service_from_proto(s).unwrap_err().to_string(),
+        "visibility: unknown enum value 9"
+    );
     let mut s = service_to_proto(&full_service());
     s.addresses[0].length = Some(33);
     assert_eq!(

@@ -167,6 +167,14 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_ALLOW_UNKNOWN_SOURCE")]
     pub allow_unknown_source: bool,
 
+    /// Dedicated mode ("namespace/name/service-account"), like ztunnel's
+    /// PROXY_MODE=dedicated with PROXY_WORKLOAD_INFO: every captured or
+    /// SOCKS5 connection speaks for this one workload of the config,
+    /// whatever address it comes from. Unset: the source workload is found
+    /// by the connection's source address.
+    #[arg(long, env = "PROXY_WORKLOAD_INFO", value_parser = parse_proxy_workload)]
+    pub proxy_workload: Option<ProxyWorkload>,
+
     /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem, cert-chain.pem). A new root is generated there on
     /// first start; copy the directory to share a trust root between nodes.
@@ -463,6 +471,51 @@ pub struct ProxyConfig {
     pub node_name: Option<String>,
     /// Outbound from unknown sources may leave as plain TCP.
     pub allow_unknown_source: bool,
+    /// Dedicated mode: the one workload outbound connections speak for.
+    pub proxy_workload: Option<ProxyWorkload>,
+}
+
+/// The workload a dedicated-mode proxy speaks for, as ztunnel's
+/// PROXY_WORKLOAD_INFO names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyWorkload {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+}
+
+impl ProxyWorkload {
+    pub fn is(&self, w: &ringway_controlplane::model::Workload) -> bool {
+        w.namespace == self.namespace
+            && w.name == self.name
+            && w.service_account == self.service_account
+    }
+}
+
+impl std::fmt::Display for ProxyWorkload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.namespace, self.name, self.service_account
+        )
+    }
+}
+
+/// "namespace/name/service-account", three non-empty parts.
+pub fn parse_proxy_workload(s: &str) -> Result<ProxyWorkload, String> {
+    match s.split('/').collect::<Vec<_>>()[..] {
+        [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => {
+            Ok(ProxyWorkload {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                service_account: sa.to_owned(),
+            })
+        }
+        _ => Err(format!(
+            "{s:?}: expected namespace/name/service-account (three non-empty parts)"
+        )),
+    }
 }
 
 impl ProxyConfig {
@@ -486,6 +539,7 @@ impl ProxyConfig {
             cert_wait_timeout: args.cert_wait_timeout,
             node_name: args.node_name.clone(),
             allow_unknown_source: args.allow_unknown_source,
+            proxy_workload: args.proxy_workload.clone(),
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
                 idle_timeout: args.pool_idle_timeout,
@@ -505,6 +559,22 @@ pub fn test_args() -> Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_workload_takes_three_non_empty_parts() {
+        assert_eq!(
+            parse_proxy_workload("shop/cart-7f9c/cart").unwrap(),
+            ProxyWorkload {
+                namespace: "shop".into(),
+                name: "cart-7f9c".into(),
+                service_account: "cart".into()
+            }
+        );
+        for bad in ["shop/cart", "shop//cart", "a/b/c/d", "", "/b/c"] {
+            let e = parse_proxy_workload(bad).unwrap_err();
+            assert!(e.contains("namespace/name/service-account"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn cores_count_and_lists() {

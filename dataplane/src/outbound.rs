@@ -189,7 +189,8 @@ pub fn route(
         // On-demand xDS: the source or the destination may simply not be
         // fetched yet.
         let src_ip = log.src.map(|s| s.ip());
-        if let (Some(ip), Some(_)) = (src_ip, &core.control.on_demand) {
+        let by_address = core.cfg.proxy_workload.is_none();
+        if let (Some(ip), Some(_), true) = (src_ip, &core.control.on_demand, by_address) {
             if local_workload(&snapshot, &core.cfg, ip).is_none() {
                 let lookup = Box::pin(core.resolve_on_demand(ip));
                 if let Some(fresh) = lookup.await {
@@ -208,7 +209,14 @@ pub fn route(
         // The source must be a workload of this node that ringway knows (as in
         // ztunnel, which speaks for a known workload only): nothing leaves
         // unauthenticated by accident, e.g. before the first config arrives.
-        let source = src_ip.and_then(|ip| local_workload(&snapshot, &core.cfg, ip));
+        let source = core.source_workload(&snapshot, src_ip);
+        if let (None, Some(pw)) = (source, &core.cfg.proxy_workload) {
+            let why = format!(
+                "refused: dedicated mode speaks for workload {pw}, which is not in the mesh \
+                 config (fail closed)"
+            );
+            return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
+        }
         if source.is_none() && !core.cfg.allow_unknown_source {
             let why = format!(
             "refused: unknown source {}: no workload of this node has this address in the mesh \

@@ -57,6 +57,9 @@ pub struct CoreInputs {
     /// Ready-built TLS configs per identity, swapped like the snapshot.
     #[allow(clippy::redundant_allocation)]
     certs: RefCell<Rc<Arc<CertSnapshot>>>,
+    /// Dedicated mode: the proxy workload's uid in the snapshot of the
+    /// version noted, found once per version (a scan of the workloads).
+    proxy_workload_uid: RefCell<Option<(u64, Option<String>)>>,
 }
 
 impl CoreInputs {
@@ -65,6 +68,37 @@ impl CoreInputs {
     #[allow(clippy::redundant_allocation)]
     pub fn snapshot(&self) -> Rc<Arc<Snapshot>> {
         self.snapshot.borrow().clone()
+    }
+
+    /// The workload an outbound connection from `src` speaks for: in
+    /// dedicated mode the configured one, wherever the connection comes
+    /// from; otherwise the workload of this node at `src`.
+    pub fn source_workload<'s>(
+        &self,
+        snap: &'s Snapshot,
+        src: Option<std::net::IpAddr>,
+    ) -> Option<&'s Arc<ringway_controlplane::model::Workload>> {
+        let Some(pw) = &self.cfg.proxy_workload else {
+            return src.and_then(|ip| crate::authorization::local_workload(snap, &self.cfg, ip));
+        };
+        let mut cached = self.proxy_workload_uid.borrow_mut();
+        let uid = match &*cached {
+            Some((version, uid)) if *version == snap.version() => uid.clone(),
+            _ => {
+                let uid = snap.workloads().find(|w| pw.is(w)).map(|w| w.uid.clone());
+                if uid.is_none() {
+                    tracing::warn!(
+                        core = self.index,
+                        workload = %pw,
+                        "dedicated mode: the proxy workload is not in the config; outbound \
+                         connections are refused until it is"
+                    );
+                }
+                *cached = Some((snap.version(), uid.clone()));
+                uid
+            }
+        };
+        uid.and_then(|uid| snap.workload_by_uid(&uid))
     }
 
     #[allow(clippy::redundant_allocation)]
@@ -196,6 +230,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         control,
         force_close,
         snapshot: RefCell::new(Rc::new(feed.current())),
+        proxy_workload_uid: RefCell::new(None),
         certs: RefCell::new(Rc::new(cert_feed.current())),
     });
 

@@ -613,3 +613,62 @@ workloads:
         "{b_logs:#?}"
     );
 }
+
+/// Dedicated mode (ztunnel's PROXY_MODE=dedicated + PROXY_WORKLOAD_INFO):
+/// a SOCKS5 client on loopback is no workload, yet with `--proxy-workload`
+/// its connection to an HBONE workload goes out under that workload's
+/// identity. Ringway serves the HBONE destination itself (its own 15008),
+/// so the inbound access log shows the identity the tunnel presented.
+#[test]
+fn dedicated_mode_speaks_for_the_configured_workload() {
+    let config = r#"
+workloads:
+- uid: cluster1//v1/Pod/shop/cart
+  name: cart
+  namespace: shop
+  serviceAccount: cart-sa
+  workloadIps: ["10.9.9.9"]
+  protocol: HBONE
+- uid: cluster1//v1/Pod/shop/db
+  name: db
+  namespace: shop
+  serviceAccount: db
+  workloadIps: ["127.0.0.5"]
+  protocol: HBONE
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::write_config(dir.path(), "dedicated.yaml", config);
+    let cfg = cfg.to_str().unwrap();
+    for (tag, dedicated) in [("ded", true), ("nod", false)] {
+        let ns = NetNs::new(tag);
+        let mut args = vec!["--socks5", "--config", cfg];
+        if dedicated {
+            args.extend(["--proxy-workload", "shop/cart/cart-sa"]);
+        }
+        let rw = ns.ringway(&args);
+        let proxy = socks_addr(&rw, 0);
+        let reply = ns.enter(move || {
+            echo_server(TcpListener::bind("127.0.0.5:8080").unwrap());
+            let dst = Dst::Addr("127.0.0.5:8080".parse().unwrap());
+            let (s, rep, _) = socks_connect(proxy, &dst);
+            (rep, (rep == 0).then(|| echo_roundtrip(s, b"as cart")))
+        });
+        if dedicated {
+            assert_eq!(reply, (0, Some(b"as cart".to_vec())));
+            let logs = rw.wait_access_logs(2);
+            let inbound = logs.iter().find(|l| l["path"] == "inbound").unwrap();
+            assert_eq!(
+                inbound["src_identity"], "spiffe://cluster.local/ns/shop/sa/cart-sa",
+                "{logs:#?}"
+            );
+            let outbound = logs.iter().find(|l| l["path"] == "socks5").unwrap();
+            assert_eq!(outbound["route"], "hbone", "{logs:#?}");
+        } else {
+            // Without it the loopback client is no workload: refused.
+            assert_ne!(reply.0, 0);
+            let logs = rw.wait_access_logs(1);
+            let error = logs[0]["error"].as_str().unwrap_or_default();
+            assert!(error.contains("unknown source 127.0.0.1"), "{logs:#?}");
+        }
+    }
+}

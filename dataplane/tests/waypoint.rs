@@ -98,7 +98,10 @@ fn streams(log: &std::path::Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn a_service_with_a_waypoint_is_tunnelled_to_it_with_the_vip_as_authority() {
-    let cfg = config(&format!("{{destination: \"{WAYPOINT_IP}\"}}"), "");
+    let cfg = config(
+        &format!("{{destination: \"/{WAYPOINT_IP}\", hboneMtlsPort: 15008}}"),
+        "",
+    );
     let (nodes, mut server, log) = rig("wps", &cfg);
     let got = echo_from_client(&nodes, &format!("{VIP}:80"), b"through the waypoint");
     let _ = server.kill();
@@ -124,7 +127,10 @@ fn a_service_with_a_waypoint_is_tunnelled_to_it_with_the_vip_as_authority() {
 
 #[test]
 fn a_workload_with_a_waypoint_is_tunnelled_to_it_when_addressed_directly() {
-    let cfg = config("", &format!("{{destination: \"{WAYPOINT_IP}\"}}"));
+    let cfg = config(
+        "",
+        &format!("{{destination: \"/{WAYPOINT_IP}\", hboneMtlsPort: 15008}}"),
+    );
     let (nodes, mut server, log) = rig("wpw", &cfg);
     let direct = echo_from_client(&nodes, &format!("{SERVER_IP}:9443"), b"to the pod");
     let _ = server.kill();

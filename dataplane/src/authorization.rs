@@ -22,7 +22,8 @@ use std::task::{Poll, Waker};
 
 use ringway_controlplane::model::authz::{Conn, DryRun};
 use ringway_controlplane::model::identity::Identity;
-use ringway_controlplane::model::Workload;
+use ringway_controlplane::model::routing::is_waypoint_identity;
+use ringway_controlplane::model::{GatewayDestination, Workload};
 use ringway_controlplane::Snapshot;
 use slab::Slab;
 
@@ -69,6 +70,9 @@ pub enum Refused {
     /// (`explicitly denied by ns/name`, `allow policies exist, but none
     /// allowed`, ...).
     Denied(String),
+    /// The destination has a waypoint and the mTLS peer is not it: the
+    /// traffic went around the waypoint (and so around its policy).
+    BypassedWaypoint(String),
 }
 
 impl std::fmt::Display for Refused {
@@ -76,6 +80,10 @@ impl std::fmt::Display for Refused {
         match self {
             Refused::NotLocal(ip) => write!(f, "no local workload at {ip}"),
             Refused::Denied(why) => write!(f, "authorization policy: {why}"),
+            Refused::BypassedWaypoint(waypoint) => write!(
+                f,
+                "the destination's traffic must come through its waypoint {waypoint}"
+            ),
         }
     }
 }
@@ -95,6 +103,17 @@ fn decide_reporting<'s>(
 ) -> Result<(), Refused> {
     let workload =
         local_workload(snap, cfg, conn.dst.ip()).ok_or(Refused::NotLocal(conn.dst.ip()))?;
+    // HBONE only: plaintext has no identity to compare (its policies
+    // still apply below).
+    if let (Some(gw), Some(peer)) = (&workload.waypoint, conn.peer.as_deref()) {
+        if !is_waypoint_identity(snap, &cfg.network, gw, peer) {
+            let waypoint = match &gw.destination {
+                GatewayDestination::Hostname(h) => h.to_string(),
+                GatewayDestination::Address(a) => a.to_string(),
+            };
+            return Err(Refused::BypassedWaypoint(waypoint));
+        }
+    }
     match snap.authorize(workload, &conn.conn(), dry_run) {
         v if v.allowed() => Ok(()),
         v => Err(Refused::Denied(v.to_string())),

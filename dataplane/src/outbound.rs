@@ -253,6 +253,9 @@ pub fn route(
                     identity: w.identity(),
                     baggage: hbone::baggage(w),
                 });
+                let host = snapshot
+                    .service_by_addr(&core.cfg.network, dst.ip())
+                    .map(|s| s.hostname.clone());
                 drop(snapshot);
                 let Some(source) = source else {
                     let why = format!(
@@ -272,6 +275,7 @@ pub fn route(
                     peer,
                     authority,
                     identity,
+                    host,
                 };
                 let open = Box::pin(open_hbone(core, target, source, log));
                 let opened = open.await;
@@ -362,6 +366,8 @@ struct Target {
     peer: SocketAddr,
     authority: SocketAddr,
     identity: Identity,
+    /// The service hostname, when the client dialled a service.
+    host: Option<String>,
 }
 
 /// Opens the HBONE stream to `target`, speaking for `source`, and notes
@@ -381,7 +387,7 @@ async fn open_hbone(
         dst_identity: &target.identity,
         peer: target.peer,
         authority: target.authority,
-        forwarded: hbone::forwarded_for(log.src.unwrap_or(target.authority)),
+        forwarded: hbone::forwarded(log.src.unwrap_or(target.authority), target.host.as_deref()),
         baggage: source.baggage,
         traceparent,
     };

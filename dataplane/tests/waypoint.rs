@@ -115,6 +115,12 @@ fn a_service_with_a_waypoint_is_tunnelled_to_it_with_the_vip_as_authority() {
         "the VIP stays the authority"
     );
     assert_eq!(seen[0]["peer_identity"], CLIENT_ID);
+    let forwarded = seen[0]["headers"]["forwarded"].as_str().unwrap_or_default();
+    assert!(
+        forwarded.starts_with("for=\"10.250.0.1:")
+            && forwarded.ends_with(";host=web.server-ns.svc.cluster.local"),
+        "ztunnel's forwarded names the service dialled: {forwarded}"
+    );
     let logs = nodes.a().wait_access_logs(1);
     assert_eq!(logs[0]["route"], "service_waypoint", "{logs:#?}");
     assert_eq!(logs[0]["dst_identity"], WAYPOINT_ID, "{logs:#?}");

@@ -227,9 +227,14 @@ pub fn peer_identity<D>(
     ringway_controlplane::security::tls::peer_identity(certs).map_err(|e| e.to_string())
 }
 
-/// `forwarded: for="<ip:port>"` (RFC 7239 quoting; IPv6 in brackets).
-pub fn forwarded_for(client: SocketAddr) -> String {
-    format!("for=\"{client}\"")
+/// `forwarded: for="<ip:port>"` (RFC 7239 quoting; IPv6 in brackets),
+/// with `;host=<hostname>` when the client dialled a service, as ztunnel
+/// sends it.
+pub fn forwarded(client: SocketAddr, host: Option<&str>) -> String {
+    match host {
+        Some(h) => format!("for=\"{client}\";host={h}"),
+        None => format!("for=\"{client}\""),
+    }
 }
 
 /// Extracts the `for=` address from a `forwarded` header, if present.
@@ -329,13 +334,15 @@ mod tests {
     fn forwarded_roundtrip() {
         let v4: SocketAddr = "10.0.0.1:41234".parse().unwrap();
         let v6: SocketAddr = "[fd00::1]:80".parse().unwrap();
-        assert_eq!(forwarded_for(v4), "for=\"10.0.0.1:41234\"");
+        assert_eq!(forwarded(v4, None), "for=\"10.0.0.1:41234\"");
+        let with_host = forwarded(v4, Some("server.b.svc.cluster.local"));
         assert_eq!(
-            parse_forwarded_for(&forwarded_for(v4)).unwrap(),
-            "10.0.0.1:41234"
+            with_host,
+            "for=\"10.0.0.1:41234\";host=server.b.svc.cluster.local"
         );
+        assert_eq!(parse_forwarded_for(&with_host).unwrap(), "10.0.0.1:41234");
         assert_eq!(
-            parse_forwarded_for(&forwarded_for(v6)).unwrap(),
+            parse_forwarded_for(&forwarded(v6, None)).unwrap(),
             "[fd00::1]:80"
         );
         assert_eq!(

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
+use ringway_controlplane::model::routing::inbound_service_port;
 
 use crate::authorization::{self, Inbound, Refused, Ticket};
 
@@ -176,14 +177,12 @@ fn admit(
             format!("400: method {} is not CONNECT", request.method()),
         );
     }
-    let target: SocketAddr = match request.uri().authority().map(|a| a.as_str().parse()) {
-        Some(Ok(t)) => t,
-        _ => {
-            reply(&mut respond, StatusCode::BAD_REQUEST);
-            return refused(
-                log,
-                format!("400: malformed :authority {:?}", request.uri().authority()),
-            );
+    let snapshot = core.snapshot();
+    let target = match authority_target(&snapshot, &core.cfg, conn_dst, request.uri().authority()) {
+        Ok(t) => t,
+        Err((status, why)) => {
+            reply(&mut respond, status);
+            return refused(log, format!("{}: {why}", status.as_u16()));
         }
     };
     log.dst = Some(target);
@@ -214,25 +213,74 @@ fn admit(
         dst: target,
         peer: Some(peer.clone()),
     };
-    let ticket = match authorization::admit(&core.admitted, &core.snapshot(), &core.cfg, inbound) {
+    let ticket = match authorization::admit(&core.admitted, &snapshot, &core.cfg, inbound) {
         Ok(t) => t,
         Err(refusal @ Refused::NotLocal(_)) => {
             reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
             return refused(log, format!("503: {refusal}"));
         }
-        Err(refusal @ Refused::Denied(_)) => {
+        Err(refusal @ (Refused::Denied(_) | Refused::BypassedWaypoint(_))) => {
             reply(&mut respond, StatusCode::UNAUTHORIZED);
             return refused(log, format!("401: {refusal}"));
         }
     };
+    // The 200 carries the destination's baggage, as ztunnel's does.
+    let baggage = authorization::local_workload(&snapshot, &core.cfg, target.ip())
+        .map(|w| super::baggage(w))
+        .filter(|b| !b.is_empty());
+    drop(snapshot);
     Some(tunnel(
         core.clone(),
-        target,
+        Upstream { target, baggage },
         respond,
         request.into_body(),
         log,
         ticket,
     ))
+}
+
+/// Where a CONNECT goes, from its `:authority`: `ip:port` as is;
+/// `hostname:port` to the port the named service maps on the workload the
+/// tunnel was dialled to (facts 3.4). Err: the status to answer and why.
+fn authority_target(
+    snap: &ringway_controlplane::Snapshot,
+    cfg: &crate::config::ProxyConfig,
+    conn_dst: SocketAddr,
+    authority: Option<&http::uri::Authority>,
+) -> Result<SocketAddr, (StatusCode, String)> {
+    let malformed = || {
+        (
+            StatusCode::BAD_REQUEST,
+            format!("malformed :authority {authority:?}"),
+        )
+    };
+    let authority = authority.ok_or_else(malformed)?;
+    if let Ok(t) = authority.as_str().parse::<SocketAddr>() {
+        return Ok(t);
+    }
+    let (Some(port), host) = (authority.port_u16(), authority.host()) else {
+        return Err(malformed());
+    };
+    if host.is_empty() || host.starts_with('[') || host.parse::<std::net::IpAddr>().is_ok() {
+        return Err(malformed());
+    }
+    let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
+    let local = authorization::local_workload(snap, cfg, conn_dst.ip())
+        .ok_or_else(|| unavailable(format!("no local workload at {}", conn_dst.ip())))?;
+    let target_port = inbound_service_port(snap, local, host, port).ok_or_else(|| {
+        unavailable(format!(
+            "no service {host} with port {port} on workload {}/{}",
+            local.namespace, local.name
+        ))
+    })?;
+    Ok(SocketAddr::new(conn_dst.ip(), target_port))
+}
+
+/// What an admitted tunnel connects to, and what its 200 says.
+struct Upstream {
+    target: SocketAddr,
+    /// The destination workload's `baggage` header.
+    baggage: Option<String>,
 }
 
 /// Logs a refused stream; None for [`admit`].
@@ -249,16 +297,16 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
 /// moved into its body), and this future lives as long as the tunnel.
 fn tunnel(
     core: Rc<CoreInputs>,
-    target: SocketAddr,
+    upstream: Upstream,
     respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     mut log: ConnLog,
     ticket: Ticket,
 ) -> impl std::future::Future<Output = ()> {
-    log.upstream = Some(target);
+    log.upstream = Some(upstream.target);
     async move {
         let log = &log;
-        let carried = carry(&core, target, respond, recv, log);
+        let carried = carry(&core, upstream, respond, recv, log);
         let revoked = async {
             let why = ticket.revoked().await;
             log.fail(format!("closed: {why}"));
@@ -269,7 +317,7 @@ fn tunnel(
 
 async fn carry(
     core: &CoreInputs,
-    target: SocketAddr,
+    Upstream { target, baggage }: Upstream,
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -286,10 +334,11 @@ async fn carry(
             return log.fail(format!("503: connect to {target} failed: {e}"));
         }
     };
-    let resp = Response::builder()
-        .status(StatusCode::OK)
-        .body(())
-        .expect("static response");
+    let mut resp = Response::builder().status(StatusCode::OK);
+    if let Some(b) = baggage.and_then(|b| http::HeaderValue::try_from(b).ok()) {
+        resp = resp.header("baggage", b);
+    }
+    let resp = resp.body(()).expect("static response");
     let send = match respond.send_response(resp, false) {
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),

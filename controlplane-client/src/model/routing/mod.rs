@@ -443,3 +443,72 @@ fn waypoint_error(of: String, gw: &GatewayAddress, why: &'static str) -> PlanErr
     };
     PlanError::WaypointUnavailable { of, waypoint, why }
 }
+
+/// Whether `peer` is the identity of an instance of waypoint `gw` (any
+/// instance of its service, or the workload at its address), on
+/// `network`: the inbound side's test that traffic to a workload with a
+/// waypoint came through that waypoint.
+pub fn is_waypoint_identity(
+    snap: &Snapshot,
+    network: &str,
+    gw: &GatewayAddress,
+    peer: &Identity,
+) -> bool {
+    let is = |w: &Workload| {
+        w.trust_domain == peer.trust_domain
+            && w.namespace == peer.namespace
+            && w.service_account == peer.service_account
+    };
+    let service = match &gw.destination {
+        GatewayDestination::Hostname(h) => snap.service_by_host(&h.namespace, &h.hostname),
+        GatewayDestination::Address(a) if a.network == network => {
+            match snap.service_by_vip(&a.network, a.ip) {
+                Some(s) => Some(s),
+                None => {
+                    return snap
+                        .workload_by_addr(&a.network, a.ip)
+                        .is_some_and(|w| is(w))
+                }
+            }
+        }
+        GatewayDestination::Address(_) => None,
+    };
+    service.is_some_and(|s| snap.endpoints(&s.key()).iter().any(|w| is(w)))
+}
+
+/// Inbound HBONE with a hostname `:authority` (`host:port`): the port on
+/// `local` (the workload the tunnel was dialled to) that the service named
+/// `hostname` maps `port` to. The service is one `local` backs, preferring
+/// one in `local`'s own namespace (ServiceEntry hosts repeat across
+/// namespaces); its port comes from `local`'s own mapping, else the
+/// service's. None: no such service on this workload, or no such port.
+pub fn inbound_service_port(
+    snap: &Snapshot,
+    local: &Workload,
+    hostname: &str,
+    port: u16,
+) -> Option<u16> {
+    let backed: Vec<&Service> = snap
+        .services_by_hostname(hostname)
+        .iter()
+        .map(|s| &**s)
+        .filter(|s| local.services.contains_key(&s.key()))
+        .collect();
+    let svc = backed
+        .iter()
+        .find(|s| s.namespace == local.namespace)
+        .or(backed.first())?;
+    let own = local
+        .services
+        .get(&svc.key())
+        .and_then(|ports| ports.iter().find(|p| p.service_port == port))
+        .map(|p| p.target_port)
+        .filter(|&t| t != 0);
+    let target = own.or_else(|| {
+        svc.ports
+            .iter()
+            .find(|p| p.service_port == port)
+            .map(|p| p.target_port)
+    })?;
+    Some(if target == 0 { port } else { target })
+}

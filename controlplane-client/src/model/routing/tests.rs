@@ -621,3 +621,71 @@ fn a_cidr_vip_routes_like_a_vip_and_goes_with_its_service() {
         direct("10.200.7.7:80", route::PASSTHROUGH)
     );
 }
+
+#[test]
+fn waypoint_identities_are_those_of_its_instances() {
+    let (wp, wp_svc) = waypoint_workloads();
+    let s = snap(vec![wp, pod("client", &["10.0.0.1"], &[])], vec![wp_svc]);
+    let cases = [
+        (
+            waypoint_by_host("waypoint.ns.svc.cluster.local"),
+            "waypoint-1",
+            true,
+        ),
+        (
+            waypoint_by_host("waypoint.ns.svc.cluster.local"),
+            "client",
+            false,
+        ),
+        (waypoint_at("10.96.0.99", 15008), "waypoint-1", true),
+        (waypoint_at("10.0.9.9", 15008), "waypoint-1", true),
+        (waypoint_at("10.0.9.9", 15008), "client", false),
+        (
+            waypoint_by_host("missing.ns.svc.cluster.local"),
+            "waypoint-1",
+            false,
+        ),
+    ];
+    for (gw, sa, want) in cases {
+        let gw = gw.unwrap();
+        assert_eq!(
+            is_waypoint_identity(&s, "", &gw, &id(sa)),
+            want,
+            "{gw:?} {sa}"
+        );
+    }
+}
+
+#[test]
+fn a_hostname_authority_names_a_service_the_local_workload_backs() {
+    let mut other_ns = svc("web.ns.svc.cluster.local", "10.96.0.20", 7070);
+    other_ns.namespace = "other".into();
+    let local = pod(
+        "web-1",
+        &["10.0.1.1"],
+        &[
+            (WEB, &[(80, 9090)]),
+            ("other/web.ns.svc.cluster.local", &[]),
+        ],
+    );
+    let s = snap(
+        vec![local.clone()],
+        vec![
+            svc("web.ns.svc.cluster.local", "10.96.0.10", 8080),
+            other_ns,
+        ],
+    );
+    let host = "web.ns.svc.cluster.local";
+    // Its own namespace's service first, the pod's own port mapping first.
+    assert_eq!(inbound_service_port(&s, &local, host, 80), Some(9090));
+    // A port neither maps.
+    assert_eq!(inbound_service_port(&s, &local, host, 81), None);
+    // A service it does not back.
+    assert_eq!(inbound_service_port(&s, &local, "nope.ns.svc", 80), None);
+    // Only the other namespace's service backed: its target port.
+    let mut elsewhere = local.clone();
+    elsewhere.services = [("other/web.ns.svc.cluster.local".to_string(), vec![])]
+        .into_iter()
+        .collect();
+    assert_eq!(inbound_service_port(&s, &elsewhere, host, 80), Some(7070));
+}

@@ -1,0 +1,140 @@
+//! Inbound HBONE as ztunnel serves it (facts 3.4): a hostname
+//! `:authority`, the `baggage` on the 200, and waypoint enforcement. The
+//! client is the independent Python HBONE client (tests/py/) on node A,
+//! dialling ringway B's 15008 with whatever identity the test gives it.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener};
+use std::thread;
+
+use common::nodes::{base_config, client_args, py_client, Nodes, CLIENT_ID, SERVER_IP};
+
+const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/server-ns/sa/waypoint";
+const WEB: &str = "web.server-ns.svc.cluster.local";
+
+/// The base mesh, the server backing service "web" (80 → its own 8081),
+/// plus `server_extra` lines appended to the server workload.
+fn config(server_extra: &str) -> String {
+    format!(
+        r#"{}  services:
+    server-ns/{WEB}: {{80: 8081}}
+{server_extra}- uid: cluster1//v1/Pod/server-ns/waypoint
+  name: waypoint
+  namespace: server-ns
+  serviceAccount: waypoint
+  workloadIps: ["10.250.0.3"]
+  protocol: HBONE
+  node: node-b
+services:
+- name: web
+  namespace: server-ns
+  hostname: {WEB}
+  vips: ["10.96.0.10"]
+  ports: {{80: 8080}}
+"#,
+        base_config()
+    )
+}
+
+/// An echo server on node B at `port`.
+fn echo_on_b(nodes: &Nodes, port: u16) {
+    nodes.b.enter(move || {
+        let l = TcpListener::bind(format!("{SERVER_IP}:{port}")).unwrap();
+        thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                thread::spawn(move || {
+                    let mut buf = [0u8; 16 << 10];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            let _ = s.shutdown(Shutdown::Write);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+}
+
+/// One CONNECT to `authority` from node A as `identity`, sending 64 KiB
+/// and expecting them back when the answer is 200. Returns the JSON result.
+fn connect_as(nodes: &Nodes, identity: &str, name: &str, authority: &str) -> serde_json::Value {
+    let certs = nodes.issue(&nodes.ca_dir(), identity, name, "1h");
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let mut args = client_args(&certs, &root, authority);
+    args.extend(["--send-bytes".into(), (64 << 10).to_string()]);
+    let (_, out) = py_client(&nodes.a, &args);
+    out
+}
+
+#[test]
+fn a_hostname_authority_reaches_the_service_port_and_the_200_carries_baggage() {
+    let nodes = Nodes::with_config("ihn", &config(""), true, &[]);
+    echo_on_b(&nodes, 8081);
+    let out = connect_as(&nodes, CLIENT_ID, "client", &format!("{WEB}:80"));
+    assert_eq!(out["status"][0], 200, "{out}");
+    assert_eq!(out["received"][0], 64 << 10, "{out}");
+    assert_eq!(out["sha256_received"][0], out["sha256_sent"][0], "{out}");
+    let baggage = out["response_headers"][0]["baggage"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no baggage on the 200: {out}"));
+    assert!(
+        baggage.contains("k8s.namespace.name=server-ns"),
+        "{baggage}"
+    );
+    let logs = nodes.b().wait_access_logs(1);
+    assert_eq!(
+        logs[0]["upstream"],
+        format!("{SERVER_IP}:8081"),
+        "{logs:#?}"
+    );
+
+    // A hostname this workload serves no service for, or a port the
+    // service lacks: 503, as in ztunnel.
+    for authority in ["nope.server-ns.svc.cluster.local:80", &format!("{WEB}:81")] {
+        let out = connect_as(&nodes, CLIENT_ID, "client", authority);
+        assert_eq!(out["status"][0], 503, "{authority}: {out}");
+    }
+    let errors: Vec<String> = nodes
+        .b()
+        .wait_access_logs(3)
+        .iter()
+        .filter_map(|l| l["error"].as_str().map(String::from))
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("no service nope.server-ns.svc.cluster.local")),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn a_workload_with_a_waypoint_takes_hbone_only_from_its_waypoint() {
+    let cfg = config("  waypoint: {destination: \"/10.250.0.3\", hboneMtlsPort: 15008}\n");
+    let nodes = Nodes::with_config("iwp", &cfg, true, &[]);
+    echo_on_b(&nodes, 8080);
+    let target = format!("{SERVER_IP}:8080");
+    // The client going around the waypoint: 401, nothing connected.
+    let out = connect_as(&nodes, CLIENT_ID, "client", &target);
+    assert_eq!(out["status"][0], 401, "{out}");
+    // The waypoint itself: served.
+    let out = connect_as(&nodes, WAYPOINT_ID, "waypoint", &target);
+    assert_eq!(out["status"][0], 200, "{out}");
+    assert_eq!(out["sha256_received"][0], out["sha256_sent"][0], "{out}");
+    let logs = nodes.b().wait_access_logs(2);
+    let refused = logs
+        .iter()
+        .find(|l| l["src_identity"] == CLIENT_ID)
+        .unwrap_or_else(|| panic!("{logs:#?}"));
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("must come through its waypoint /10.250.0.3"),
+        "{refused}"
+    );
+}

@@ -821,18 +821,49 @@ async fn on_demand_lookup_resolves_through_aliases() {
         subs
     );
 
-    // Unknown: the server answers "removed", the lookup times out.
+    // Unknown: the server answers "removed", and the lookup ends with it,
+    // long before its timeout.
+    let subs_before = client
+        .status
+        .metrics()
+        .on_demand_subscriptions
+        .load(std::sync::atomic::Ordering::Relaxed);
     let t = lookup_from_thread(
         client.publisher.subscribe(),
         tx.clone(),
         ip("10.9.9.9"),
-        Duration::from_millis(300),
+        Duration::from_secs(5),
     );
     let (found, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
         .await
         .unwrap();
     assert!(!found);
-    assert!(took >= Duration::from_millis(290));
+    assert!(
+        took < Duration::from_secs(2),
+        "waited {took:?} for a negative answer"
+    );
+    assert!(client.publisher.current().known_missing("/10.9.9.9"));
+    // Asked again within the negative TTL: false at once, nothing sent.
+    let t = lookup_from_thread(
+        client.publisher.subscribe(),
+        tx.clone(),
+        ip("10.9.9.9"),
+        Duration::from_secs(5),
+    );
+    let (found, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
+        .await
+        .unwrap();
+    assert!(!found);
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    assert_eq!(
+        client
+            .status
+            .metrics()
+            .on_demand_subscriptions
+            .load(std::sync::atomic::Ordering::Relaxed),
+        subs_before + 1,
+        "one subscription for both lookups"
+    );
 
     // The subscription follows updates: b's address change is pushed.
     let edited = MESH.replace("10.0.0.2", "10.0.0.22");

@@ -21,6 +21,7 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::model::authz::{CompiledPolicy, Listed};
 use crate::model::{NetworkCidr, NetworkMode, Policy, Service, UnreadablePolicy, Workload};
@@ -127,6 +128,9 @@ pub struct SnapshotDelta {
     pub remove_services: Vec<String>,
     /// By "ns/name".
     pub remove_policies: Vec<String>,
+    /// On-demand names ("network/IP") the control plane said do not exist,
+    /// each remembered until its instant (see [`Snapshot::known_missing`]).
+    pub missing: Vec<(String, Instant)>,
 }
 
 /// An upserted item [`Snapshot::apply`] refused; the snapshot keeps what it
@@ -178,6 +182,9 @@ pub struct Snapshot {
     policies_by_namespace: [Table<Named<Arc<[Listed]>>>; 2],
     /// See [`Snapshot::policy_epoch`].
     policy_epoch: u64,
+    /// On-demand names the control plane answered as unknown, and until
+    /// when that answer stands.
+    missing: Arc<HashMap<String, Instant, Hasher>>,
 }
 
 impl Snapshot {
@@ -322,6 +329,15 @@ impl Snapshot {
     /// Same workloads, services and policies, whatever the versions. Lets a
     /// source skip publishing a no-op change (a comment edit, a re-push).
     /// Parts shared by the two snapshots are not compared entry by entry.
+    /// Whether the control plane said, recently, that on-demand name `key`
+    /// ("network/IP") does not exist: a connection to it need not ask (and
+    /// wait) again until the answer expires.
+    pub fn known_missing(&self, key: &str) -> bool {
+        self.missing
+            .get(key)
+            .is_some_and(|until| Instant::now() < *until)
+    }
+
     pub fn same_content(&self, other: &Snapshot) -> bool {
         // Indexes are derived from the primary stores, so those suffice.
         self.workloads.same_entries(&other.workloads)
@@ -491,8 +507,21 @@ fn apply(
         remove_workloads,
         remove_services,
         remove_policies,
+        missing,
     } = delta;
     let mut b = Builder::new(base);
+    if !missing.is_empty() {
+        let now = Instant::now();
+        let mut map: HashMap<String, Instant, Hasher> = b
+            .next
+            .missing
+            .iter()
+            .filter(|(_, until)| now < **until)
+            .map(|(k, until)| (k.clone(), *until))
+            .collect();
+        map.extend(missing);
+        b.next.missing = Arc::new(map);
+    }
 
     for uid in &remove_workloads {
         b.remove_workload(uid);

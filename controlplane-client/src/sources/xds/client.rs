@@ -486,6 +486,11 @@ pub fn on_demand_channel() -> (OnDemandSender, OnDemandReceiver) {
     mpsc::unbounded_channel()
 }
 
+/// How long the control plane's "no such address" answer to an on-demand
+/// request stands: connections to that address meanwhile pass through (as
+/// to any address outside the mesh) without asking again.
+pub const ON_DEMAND_NEGATIVE_TTL: Duration = Duration::from_secs(10);
+
 /// Whether `ip` on `network` names a workload or a service VIP.
 pub fn resolves(snapshot: &Snapshot, network: &str, ip: IpAddr) -> bool {
     snapshot.workload_by_addr(network, ip).is_some()
@@ -494,7 +499,9 @@ pub fn resolves(snapshot: &Snapshot, network: &str, ip: IpAddr) -> bool {
 
 /// For a core that met an unknown destination: asks the xDS client for
 /// "network/IP" and waits until a published snapshot resolves it (as a
-/// workload address or a service VIP) or `timeout` completes.
+/// workload address or a service VIP), the control plane answers that it
+/// does not exist, or `timeout` completes. A "does not exist" answer is
+/// remembered for [`ON_DEMAND_NEGATIVE_TTL`]: within it, false at once.
 ///
 /// Completion is judged by the lookup, not by which names a response
 /// carried: istiod answers an address request under the resource's primary
@@ -510,24 +517,30 @@ pub async fn lookup_on_demand<T: Future>(
     ip: IpAddr,
     timeout: T,
 ) -> bool {
-    if resolves(&feed.load(), network, ip) {
+    let key = address_key(network, ip);
+    let known = feed.load();
+    if resolves(&known, network, ip) {
         return true;
     }
-    if tx
-        .send(OnDemandRequest {
-            key: address_key(network, ip),
-        })
-        .is_err()
-    {
+    if known.known_missing(&key) {
+        return false; // asked recently: the control plane does not know it
+    }
+    drop(known);
+    if tx.send(OnDemandRequest { key: key.clone() }).is_err() {
         return false;
     }
     let wait = async {
         loop {
             // Checked after every wake-up: versions published between the
             // first check and now make `changed` fire immediately.
-            if resolves(&feed.load(), network, ip) {
+            let snap = feed.load();
+            if resolves(&snap, network, ip) {
                 return true;
             }
+            if snap.known_missing(&key) {
+                return false;
+            }
+            drop(snap);
             if feed.changed().await.is_err() {
                 return resolves(&feed.load(), network, ip);
             }
@@ -1039,6 +1052,17 @@ impl Client {
             self.state.address_versions.remove(name);
             if upserted.contains_key(name) {
                 continue; // removed and re-added in one response: keep it
+            }
+            // An on-demand name the server does not know: the cores waiting
+            // on it give up now, and later connections to it for a while
+            // do not ask again. It is forgotten here, so that the next ask
+            // after that is subscribed (and answered) afresh.
+            if self.cfg.on_demand && self.state.on_demand_names.remove(name) {
+                delta.missing.push((
+                    name.clone(),
+                    std::time::Instant::now() + ON_DEMAND_NEGATIVE_TTL,
+                ));
+                removals += 1;
             }
             if current.workload_by_uid(name).is_some() {
                 delta.remove_workloads.push(name.clone());

@@ -218,6 +218,8 @@ fn workload(uid: &str, node: &str, ns: &str, sa: &str, ip: u8) -> Workload {
         node: node.into(),
         namespace: ns.into(),
         service_account: sa.into(),
+        // HBONE: only mesh workloads get certificates prefetched.
+        protocol: ringway_controlplane::model::TunnelProtocol::Hbone,
         ..Workload::default()
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::model::identity::Identity;
 use crate::model::snapshot::Snapshot;
+use crate::model::TunnelProtocol;
 use crate::publish::{sealed, Feed, Published, Publisher};
 use crate::security::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
 use crate::security::tls::{build_tls_configs, TlsConfigs, TlsError};
@@ -138,11 +139,15 @@ pub fn issue_all(
     Ok(CertSnapshot::new(configs))
 }
 
-/// The identities this node needs certificates for: those of the workloads
-/// whose `node` is `node`, or of every workload when `node` is `None`.
+/// The identities this node needs certificates for: those of the HBONE
+/// workloads whose `node` is `node` (every node when `None`). A TCP
+/// (non-mesh) workload neither serves HBONE nor sends through ringway, so
+/// it gets none, as in ztunnel; a certificate that turns out to be needed
+/// anyway is still fetched on first use.
 pub fn wanted_identities(snapshot: &Snapshot, node: Option<&str>) -> BTreeSet<Identity> {
     snapshot
         .workloads()
+        .filter(|w| w.protocol == TunnelProtocol::Hbone)
         .filter(|w| node.is_none_or(|n| w.node == n))
         .map(|w| w.identity())
         .collect()
@@ -196,6 +201,7 @@ pub(crate) mod tests {
             node: node.into(),
             namespace: ns.into(),
             service_account: sa.into(),
+            protocol: TunnelProtocol::Hbone,
             ..Workload::default()
         }
     }
@@ -261,6 +267,10 @@ pub(crate) mod tests {
             workload("w2", "10.0.0.2", "n1", "b", "y"),
             workload("w3", "10.0.0.3", "n1", "a", "x"),
             workload("w4", "10.0.0.4", "n2", "c", "z"),
+            Workload {
+                protocol: TunnelProtocol::None,
+                ..workload("w5", "10.0.0.5", "n1", "tcp", "only")
+            },
         ]);
         let on_n1: Vec<String> = wanted_identities(&snap, Some("n1"))
             .iter()

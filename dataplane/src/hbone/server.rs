@@ -224,14 +224,10 @@ fn admit(
             return refused(log, format!("401: {refusal}"));
         }
     };
-    // The 200 carries the destination's baggage, as ztunnel's does.
-    let baggage = authorization::local_workload(&snapshot, &core.cfg, target.ip())
-        .map(|w| super::baggage(w))
-        .filter(|b| !b.is_empty());
     drop(snapshot);
     Some(tunnel(
         core.clone(),
-        Upstream { target, baggage },
+        target,
         respond,
         request.into_body(),
         log,
@@ -276,13 +272,6 @@ fn authority_target(
     Ok(SocketAddr::new(conn_dst.ip(), target_port))
 }
 
-/// What an admitted tunnel connects to, and what its 200 says.
-struct Upstream {
-    target: SocketAddr,
-    /// The destination workload's `baggage` header.
-    baggage: Option<String>,
-}
-
 /// Logs a refused stream; None for [`admit`].
 fn refused<T>(log: ConnLog, why: String) -> Option<T> {
     log.fail(why);
@@ -297,16 +286,16 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
 /// moved into its body), and this future lives as long as the tunnel.
 fn tunnel(
     core: Rc<CoreInputs>,
-    upstream: Upstream,
+    target: SocketAddr,
     respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     mut log: ConnLog,
     ticket: Ticket,
 ) -> impl std::future::Future<Output = ()> {
-    log.upstream = Some(upstream.target);
+    log.upstream = Some(target);
     async move {
         let log = &log;
-        let carried = carry(&core, upstream, respond, recv, log);
+        let carried = carry(&core, target, respond, recv, log);
         let revoked = async {
             let why = ticket.revoked().await;
             log.fail(format!("closed: {why}"));
@@ -315,9 +304,24 @@ fn tunnel(
     }
 }
 
+/// The 200: with the destination's baggage, as ztunnel's. Built in a
+/// function of its own, and looked up now rather than kept from admission:
+/// a tunnel's task lives as long as the tunnel, and every byte it holds
+/// (even a local's room) is idle memory.
+fn ok_response(core: &CoreInputs, target: SocketAddr) -> Response<()> {
+    let mut resp = Response::builder().status(StatusCode::OK);
+    let baggage = authorization::local_workload(&core.snapshot(), &core.cfg, target.ip())
+        .map(|w| super::baggage(w))
+        .and_then(|b| http::HeaderValue::try_from(b).ok());
+    if let Some(b) = baggage {
+        resp = resp.header("baggage", b);
+    }
+    resp.body(()).expect("static response")
+}
+
 async fn carry(
     core: &CoreInputs,
-    Upstream { target, baggage }: Upstream,
+    target: SocketAddr,
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -334,12 +338,7 @@ async fn carry(
             return log.fail(format!("503: connect to {target} failed: {e}"));
         }
     };
-    let mut resp = Response::builder().status(StatusCode::OK);
-    if let Some(b) = baggage.and_then(|b| http::HeaderValue::try_from(b).ok()) {
-        resp = resp.header("baggage", b);
-    }
-    let resp = resp.body(()).expect("static response");
-    let send = match respond.send_response(resp, false) {
+    let send = match respond.send_response(ok_response(core, target), false) {
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };

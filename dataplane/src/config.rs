@@ -167,6 +167,16 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_ALLOW_UNKNOWN_SOURCE")]
     pub allow_unknown_source: bool,
 
+    /// Connect to local applications from the original client's address
+    /// (the tunnel's or the plaintext connection's TCP peer, never a
+    /// header a client writes), as ztunnel does, instead of from this
+    /// node's. Needs CAP_NET_ADMIN and return-path routing for the replies
+    /// (`scripts/orig-src-rules.sh`); without them connections fail, so it
+    /// is off unless asked for (ztunnel's in-pod default is best effort
+    /// because istio-cni always installs that routing).
+    #[arg(long, env = "ENABLE_ORIG_SRC")]
+    pub orig_src: bool,
+
     /// Dedicated mode ("namespace/name/service-account"), like ztunnel's
     /// PROXY_MODE=dedicated with PROXY_WORKLOAD_INFO: every captured or
     /// SOCKS5 connection speaks for this one workload of the config,
@@ -473,6 +483,8 @@ pub struct ProxyConfig {
     pub allow_unknown_source: bool,
     /// Dedicated mode: the one workload outbound connections speak for.
     pub proxy_workload: Option<ProxyWorkload>,
+    /// Inbound connections to applications leave from the client's address.
+    pub orig_src: bool,
 }
 
 /// The workload a dedicated-mode proxy speaks for, as ztunnel's
@@ -540,6 +552,7 @@ impl ProxyConfig {
             node_name: args.node_name.clone(),
             allow_unknown_source: args.allow_unknown_source,
             proxy_workload: args.proxy_workload.clone(),
+            orig_src: args.orig_src,
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
                 idle_timeout: args.pool_idle_timeout,

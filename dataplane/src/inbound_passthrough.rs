@@ -49,7 +49,9 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     log.upstream = Some(dst);
     let log = &log;
     let mut transparent = crate::outbound::Transparent;
-    let carried = crate::outbound::proxy_direct(&core, client, dst, log, &mut transparent);
+    // From the client's own address when asked (--orig-src): the TCP peer.
+    let from = core.cfg.orig_src.then_some(src.ip());
+    let carried = crate::outbound::proxy_direct(&core, client, dst, log, &mut transparent, from);
     let revoked = async {
         let why = ticket.revoked().await;
         // The sockets close when `carried` is dropped, right after this:

@@ -236,7 +236,7 @@ pub fn route(
                 log.upstream = Some(upstream);
                 // Boxed like the HBONE phases: the connect and splice state
                 // is this path's alone.
-                let direct = Box::pin(proxy_direct(core, client, upstream, log, downstream));
+                let direct = Box::pin(proxy_direct(core, client, upstream, log, downstream, None));
                 direct.await;
             }
             Step::Hbone(next) => {
@@ -479,8 +479,10 @@ pub async fn proxy_direct(
     upstream: SocketAddr,
     log: &ConnLog,
     downstream: &mut dyn Downstream,
+    source: Option<std::net::IpAddr>,
 ) {
-    let server = match socket::connect(&core.poller, upstream, core.cfg.connect).await {
+    let connecting = socket::connect_from(&core.poller, upstream, core.cfg.connect, source);
+    let server = match connecting.await {
         Ok(s) => s,
         Err(e) => {
             let why = format!("upstream connect to {upstream} failed: {e}");

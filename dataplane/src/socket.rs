@@ -177,6 +177,20 @@ pub async fn connect(
     dst: SocketAddr,
     opts: ConnectOpts,
 ) -> io::Result<OwnedFd> {
+    connect_from(poller, dst, opts, None).await
+}
+
+/// [`connect`], from `source` when given: the original client's address,
+/// which this host does not own (IP_TRANSPARENT, which needs
+/// CAP_NET_ADMIN, and return-path routing that brings the replies back to
+/// this socket; see `scripts/orig-src-rules.sh`). An error names what
+/// failed.
+pub async fn connect_from(
+    poller: &Rc<Poller>,
+    dst: SocketAddr,
+    opts: ConnectOpts,
+    source: Option<IpAddr>,
+) -> io::Result<OwnedFd> {
     let sock = Socket::new(
         Domain::for_address(dst),
         Type::STREAM.nonblocking().cloexec(),
@@ -186,6 +200,22 @@ pub async fn connect(
         sock.set_mark(opts.mark)?;
     }
     tune_stream(&sock, opts.keepalive)?;
+    if let Some(ip) = source {
+        let transparent = match ip {
+            IpAddr::V4(_) => sock.set_ip_transparent_v4(true),
+            IpAddr::V6(_) => sock.set_ip_transparent_v6(true),
+        };
+        transparent.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("IP_TRANSPARENT for the original source {ip}: {e} (needs CAP_NET_ADMIN)"),
+            )
+        })?;
+        sock.bind(&SockAddr::from(SocketAddr::new(ip, 0)))
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("bind to the original source {ip}: {e}"))
+            })?;
+    }
     match sock.connect(&SockAddr::from(dst)) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {

@@ -10,7 +10,7 @@
 //! bytes until either side ends or a later config denies the stream (late
 //! rejection: the stream is reset).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
@@ -225,9 +225,12 @@ fn admit(
         }
     };
     drop(snapshot);
+    // From the client's address when asked (--orig-src): the tunnel's TCP
+    // peer, which TLS authenticated, not `forwarded`, which it only claims.
+    let from = core.cfg.orig_src.then_some(conn_src.ip());
     Some(tunnel(
         core.clone(),
-        target,
+        (target, from),
         respond,
         request.into_body(),
         log,
@@ -286,7 +289,7 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
 /// moved into its body), and this future lives as long as the tunnel.
 fn tunnel(
     core: Rc<CoreInputs>,
-    target: SocketAddr,
+    (target, from): (SocketAddr, Option<IpAddr>),
     respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     mut log: ConnLog,
@@ -295,7 +298,7 @@ fn tunnel(
     log.upstream = Some(target);
     async move {
         let log = &log;
-        let carried = carry(&core, target, respond, recv, log);
+        let carried = carry(&core, (target, from), respond, recv, log);
         let revoked = async {
             let why = ticket.revoked().await;
             log.fail(format!("closed: {why}"));
@@ -321,7 +324,7 @@ fn ok_response(core: &CoreInputs, target: SocketAddr) -> Response<()> {
 
 async fn carry(
     core: &CoreInputs,
-    target: SocketAddr,
+    (target, from): (SocketAddr, Option<IpAddr>),
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -330,7 +333,12 @@ async fn carry(
     // awaits side by side (1.8 KB here), and an open tunnel's task lives as
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
-    let connecting = Box::pin(socket::connect(&core.poller, target, core.cfg.connect));
+    let connecting = Box::pin(socket::connect_from(
+        &core.poller,
+        target,
+        core.cfg.connect,
+        from,
+    ));
     let upstream = match connecting.await {
         Ok(s) => s,
         Err(e) => {

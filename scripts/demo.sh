@@ -137,17 +137,8 @@ done
 echo "== ringway running on both nodes (readiness 200)"
 
 # The applications on node B: each answers with what it saw.
-ip netns exec "$NB" python3 - "$SERVER" 8080 "server pod" >/dev/null 2>&1 <<'EOF' &
-import socket, sys, threading
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind((sys.argv[1], int(sys.argv[2]))); l.listen()
-while True:
-    c, peer = l.accept()
-    req = c.recv(1024).decode(errors="replace").strip()
-    c.sendall(f"{sys.argv[3]} got {req!r} from {peer[0]}".encode()); c.close()
-EOF
-PIDS+=($!)
-ip netns exec "$NB" python3 - "$LEGACY" 5432 "non-mesh db" >/dev/null 2>&1 <<'EOF' &
+start_app() { # address port label
+  ip netns exec "$NB" python3 - "$@" >/dev/null 2>&1 <<'EOF' &
 import socket, sys
 l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind((sys.argv[1], int(sys.argv[2]))); l.listen()
@@ -156,7 +147,10 @@ while True:
     req = c.recv(1024).decode(errors="replace").strip()
     c.sendall(f"{sys.argv[3]} got {req!r} from {peer[0]}".encode()); c.close()
 EOF
-PIDS+=($!)
+  PIDS+=($!)
+}
+start_app "$SERVER" 8080 "server pod"
+start_app "$LEGACY" 5432 "non-mesh db"
 sleep 0.5
 
 # A packet tap on node B's interface: every TCP payload to or from 15008.

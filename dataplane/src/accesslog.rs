@@ -118,6 +118,11 @@ impl ConnLog {
     pub fn finish(&self, outcome: impl Into<String>) {
         *self.outcome.borrow_mut() = Some((true, outcome.into()));
     }
+
+    /// The outcome so far: (succeeded, what happened); None while open.
+    pub fn outcome(&self) -> Option<(bool, String)> {
+        self.outcome.borrow().clone()
+    }
 }
 
 fn fmt_addr(a: &Option<SocketAddr>) -> String {

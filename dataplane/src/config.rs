@@ -167,6 +167,13 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_ALLOW_UNKNOWN_SOURCE")]
     pub allow_unknown_source: bool,
 
+    /// Send HBONE to workloads on this node through ringway's own 15008
+    /// (TLS and a TCP hop) instead of the same-node fast path, which serves
+    /// them in-process as inbound: the same authorization and logs, no TLS,
+    /// one TCP hop less. For comparisons and debugging.
+    #[arg(long, env = "RINGWAY_NO_FAST_PATH")]
+    pub no_fast_path: bool,
+
     /// Connect to local applications from the original client's address
     /// (the tunnel's or the plaintext connection's TCP peer, never a
     /// header a client writes), as ztunnel does, instead of from this
@@ -485,6 +492,8 @@ pub struct ProxyConfig {
     pub proxy_workload: Option<ProxyWorkload>,
     /// Inbound connections to applications leave from the client's address.
     pub orig_src: bool,
+    /// HBONE to a workload of this node is served in-process.
+    pub fast_path: bool,
 }
 
 /// The workload a dedicated-mode proxy speaks for, as ztunnel's
@@ -553,6 +562,7 @@ impl ProxyConfig {
             allow_unknown_source: args.allow_unknown_source,
             proxy_workload: args.proxy_workload.clone(),
             orig_src: args.orig_src,
+            fast_path: !args.no_fast_path,
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
                 idle_timeout: args.pool_idle_timeout,

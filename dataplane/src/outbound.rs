@@ -32,7 +32,9 @@ use ringway_controlplane::Snapshot;
 
 use crate::accesslog::ConnLog;
 use crate::authorization::local_workload;
+use crate::authorization::{self, Inbound};
 use crate::hbone;
+use crate::listeners::TrafficPath;
 use crate::runtime::CoreInputs;
 use crate::socket;
 use crate::uring::Registration;
@@ -251,6 +253,10 @@ pub fn route(
                 let tunnel = Box::pin(proxy_hbone(core, client, opened, log, downstream));
                 tunnel.await;
             }
+            Step::Local(next) => {
+                let local = Box::pin(serve_local(core, client, next, log, downstream));
+                local.await;
+            }
             Step::Refuse(failure, why) => {
                 refuse(core, &client, downstream, failure, log, why).await;
             }
@@ -262,6 +268,8 @@ pub fn route(
 enum Step {
     Direct(SocketAddr),
     Hbone(Box<HboneNext>),
+    /// HBONE to a workload of this node: the same-node fast path.
+    Local(Box<LocalNext>),
     Refuse(Failure, String),
 }
 
@@ -306,6 +314,19 @@ fn next_step(
                 );
                 return Step::Refuse(Failure::NotAllowed, why);
             };
+            // The same-node fast path: the destination is a workload this
+            // ringway serves, reached directly (not through a waypoint).
+            let direct_to_workload = peer == SocketAddr::new(authority.ip(), out.hbone_port);
+            if core.cfg.fast_path
+                && direct_to_workload
+                && local_workload(snapshot, &core.cfg, authority.ip()).is_some()
+            {
+                log.route = "same_node";
+                return Step::Local(Box::new(LocalNext {
+                    authority,
+                    src_identity: w.identity(),
+                }));
+            }
             Step::Hbone(Box::new(HboneNext {
                 peer,
                 authority,
@@ -387,6 +408,74 @@ struct Source {
     identity: Identity,
     /// Its `baggage` header (ztunnel's format).
     baggage: String,
+}
+
+/// A same-node HBONE destination: the workload's address and port, and
+/// the identity the tunnel would have presented.
+struct LocalNext {
+    authority: SocketAddr,
+    src_identity: Identity,
+}
+
+/// The same-node fast path: what the HBONE hop to this ringway's own 15008
+/// would have done, in-process. The destination's policies decide with the
+/// source workload's identity as the peer (as they would after mTLS); the
+/// connection is registered for late rejection; the application is reached
+/// directly. Two access-log lines, as two hops would write: this outbound
+/// one (route `same_node`) and an inbound one.
+async fn serve_local(
+    core: &Rc<CoreInputs>,
+    client: OwnedFd,
+    next: Box<LocalNext>,
+    log: &mut ConnLog,
+    downstream: &mut dyn Downstream,
+) {
+    let LocalNext {
+        authority,
+        src_identity,
+    } = *next;
+    log.src_identity = Some(src_identity.to_string());
+    log.upstream = Some(authority);
+    let mut inbound = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
+    inbound.src = log.src;
+    inbound.dst = Some(authority);
+    inbound.upstream = Some(authority);
+    inbound.route = "same_node";
+    inbound.src_identity = log.src_identity.clone();
+    inbound.dst_identity = log.dst_identity.clone();
+    let conn = Inbound {
+        src: log.src.map_or(authority.ip(), |s| s.ip()),
+        dst: authority,
+        peer: Some(Rc::new(src_identity)),
+    };
+    let snapshot = core.snapshot();
+    let admitted = authorization::admit(&core.admitted, &snapshot, &core.cfg, conn);
+    drop(snapshot);
+    let ticket = match admitted {
+        Ok(t) => t,
+        Err(refusal) => {
+            inbound.fail(format!("401: {refusal}"));
+            let why = format!("refused by the destination: {refusal}");
+            return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
+        }
+    };
+    let fd = client.as_raw_fd();
+    let log = &*log;
+    let carried = proxy_direct(core, client, authority, log, downstream, None);
+    let revoked = async {
+        let why = ticket.revoked().await;
+        socket::set_reset_on_close(fd);
+        log.fail(format!("closed: {why}"));
+    };
+    futures_lite::future::or(carried, revoked).await;
+    // What the client sent, the application received, and back.
+    inbound.received.set(log.sent.get());
+    inbound.sent.set(log.received.get());
+    match log.outcome() {
+        Some((true, outcome)) => inbound.finish(outcome),
+        Some((false, why)) => inbound.fail(why),
+        None => {}
+    }
 }
 
 /// Where an HBONE stream goes: mTLS to `peer` (an HBONE port) whose

@@ -5,9 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener};
-use std::thread;
+use std::net::TcpListener;
 
 use common::nodes::{base_config, client_args, py_client, Nodes, CLIENT_ID, SERVER_IP};
 
@@ -41,21 +39,7 @@ services:
 /// An echo server on node B at `port`.
 fn echo_on_b(nodes: &Nodes, port: u16) {
     nodes.b.enter(move || {
-        let l = TcpListener::bind(format!("{SERVER_IP}:{port}")).unwrap();
-        thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                thread::spawn(move || {
-                    let mut buf = [0u8; 16 << 10];
-                    while let Ok(n) = s.read(&mut buf) {
-                        if n == 0 || s.write_all(&buf[..n]).is_err() {
-                            let _ = s.shutdown(Shutdown::Write);
-                            return;
-                        }
-                    }
-                });
-            }
-        });
+        common::serve_echo(TcpListener::bind(format!("{SERVER_IP}:{port}")).unwrap())
     });
 }
 

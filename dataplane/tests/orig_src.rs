@@ -50,10 +50,11 @@ fn peer_seen(nodes: &Nodes, dst: &str, plaintext: bool) -> String {
     let dst = dst.to_owned();
     nodes.a.enter(move || {
         let mut s: TcpStream = if plaintext {
-            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-                .unwrap();
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
             sock.set_mark(0x539).unwrap();
-            sock.connect(&dst.parse::<SocketAddr>().unwrap().into()).unwrap();
+            sock.connect(&dst.parse::<SocketAddr>().unwrap().into())
+                .unwrap();
             sock.into()
         } else {
             connect_from_client(&dst).unwrap()
@@ -96,10 +97,7 @@ fn the_application_sees_the_client_address_only_with_orig_src() {
             "plaintext, orig_src={orig_src}"
         );
         let logs = nodes.b().wait_access_logs(2);
-        assert!(
-            logs.iter().all(|l| l["error"].is_null()),
-            "{logs:#?}"
-        );
+        assert!(logs.iter().all(|l| l["error"].is_null()), "{logs:#?}");
         if orig_src {
             rules("del", &nodes.b.name);
             rules("del", &nodes.b.name);

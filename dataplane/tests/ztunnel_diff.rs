@@ -440,20 +440,7 @@ impl Verdict {
 
 /// An echo app on `addr` inside `ns`, for the life of the test process.
 fn echo_app(ns: &NetNs, addr: String) {
-    let l = ns.enter(move || TcpListener::bind(addr).unwrap());
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 16 << 10];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 || s.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
+    common::serve_echo(ns.enter(move || TcpListener::bind(addr).unwrap()));
 }
 
 /// One proxy's node: a client namespace and the server workload's

@@ -508,3 +508,23 @@ pub fn ask(addr: &str) -> std::io::Result<String> {
     c.read_to_string(&mut s)?;
     Ok(s)
 }
+
+/// Echoes every connection `l` accepts until the peer half-closes, then
+/// half-closes too; one thread per connection.
+pub fn serve_echo(l: std::net::TcpListener) {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        let _ = s.shutdown(std::net::Shutdown::Write);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}

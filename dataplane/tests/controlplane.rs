@@ -203,7 +203,10 @@ fn config_from_xds_deltas_and_control_plane_down() {
         serve_tag("127.0.0.5:9301", "first");
         serve_tag("127.0.0.5:9302", "second");
     });
-    let rw = rig.ringway(&[]);
+    // Both mesh workloads are on this node: without --no-fast-path their
+    // HBONE would be served in-process, and this test is about the TLS
+    // certificates the CA client brings.
+    let rw = rig.ringway(&["--no-fast-path"]);
     wait_ready(&rig.ns, &rw);
     assert_eq!(
         rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap(),

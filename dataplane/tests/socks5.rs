@@ -641,7 +641,9 @@ workloads:
     let cfg = cfg.to_str().unwrap();
     for (tag, dedicated) in [("ded", true), ("nod", false)] {
         let ns = NetNs::new(tag);
-        let mut args = vec!["--socks5", "--config", cfg];
+        // --no-fast-path: the HBONE hop to ringway's own 15008, so that the
+        // identity is the one mTLS presented, not one passed in-process.
+        let mut args = vec!["--socks5", "--config", cfg, "--no-fast-path"];
         if dedicated {
             args.extend(["--proxy-workload", "shop/cart/cart-sa"]);
         }

@@ -123,7 +123,15 @@ pub struct NodesConfig {
     /// pair of their own (see [`ZtunnelNodes`]), and every ringway on the
     /// root of ztunnel's fake CA.
     pub ztunnel: Option<PathBuf>,
+    /// The "ringway same-node" column: an HBONE workload on node A itself,
+    /// served by ringway A of set 0.
+    pub same_node: bool,
 }
+
+/// On node A (on `lo`), the HBONE workload of the same-node column.
+pub const SAME_NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 40);
+/// The same-node column's sink port, captured to ringway A of set 0.
+pub const SAME_NODE_PORT: u16 = 5400;
 
 /// ztunnel's own copy of nodes A and B, for the ztunnel columns: the same
 /// addresses (client 10.250.0.1; 10.250.0.3 non-mesh and 10.250.0.10 the
@@ -225,6 +233,8 @@ pub struct Nodes {
     pub a: Netns,
     pub b: Netns,
     work: TempDir,
+    /// The "ringway same-node" column is in the rig.
+    same_node: bool,
 }
 
 /// A scratch directory (config, CA), removed on drop.
@@ -247,6 +257,11 @@ impl Drop for TempDir {
 /// certificates the identity `spiffe:///ns/…`), policies write `dryRun`
 /// and their string matches as YAML tags (`!Exact "…"`).
 pub fn mesh_config(sets: usize, policies: usize, port: u16) -> String {
+    mesh_config_with(sets, policies, port, false)
+}
+
+/// [`mesh_config`], plus the same-node column's workload when `same_node`.
+pub fn mesh_config_with(sets: usize, policies: usize, port: u16, same_node: bool) -> String {
     let workload = |name: &str, ns: &str, sa: &str, ip: Ipv4Addr, node: &str, app: &str| {
         format!(
             "- uid: cluster1//v1/Pod/{ns}/{name}\n  name: {name}\n  namespace: {ns}\n  serviceAccount: {sa}\n  \
@@ -270,6 +285,16 @@ pub fn mesh_config(sets: usize, policies: usize, port: u16) -> String {
             "server",
             hbone_ip(i),
             &format!("node-b{i}"),
+            "server",
+        );
+    }
+    if same_node {
+        y += &workload(
+            "local-0",
+            SERVER_NAMESPACE,
+            "server",
+            SAME_NODE_IP,
+            "node-a",
             "server",
         );
     }
@@ -330,11 +355,13 @@ fn write_pair_config(
     sets: usize,
     i: usize,
     policies: usize,
+    same_node: bool,
 ) -> anyhow::Result<PathBuf> {
     let path = work.join(format!("mesh-{i}.yaml"));
     // Write then rename: a ringway polling the file never reads half of it.
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, mesh_config(sets, policies, captured_port(i)))?;
+    let yaml = mesh_config_with(sets, policies, captured_port(i), same_node);
+    std::fs::write(&tmp, yaml)?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
@@ -355,6 +382,18 @@ pub fn capture_rules(veth: &str, redirects: &[(u16, u16)]) -> String {
     }
     r += " }\n}\n";
     r
+}
+
+/// Node A's capture of the same-node column: the client's connections to
+/// the local HBONE workload go to ringway A of set 0 (its own, marked,
+/// sockets pass).
+fn same_node_capture() -> String {
+    format!(
+        "table inet rwperf_same_node {{\n chain out {{ type nat hook output priority -101; policy accept;\n  \
+         ip daddr {SAME_NODE_IP} tcp dport {SAME_NODE_PORT} meta mark & 0xfff != {:#x} redirect to :{}\n }}\n}}\n",
+        ztunnel::MARK,
+        outbound_port(0)
+    )
 }
 
 /// Node A's redirects: each set's captured port to its ringway A.
@@ -390,9 +429,16 @@ impl Nodes {
             tune(ns)?;
         }
         a.nft(&capture_rules(&ia, &ringway_redirects(n)))?;
+        if cfg.same_node {
+            // A local address: node A's veth rules never see it.
+            a.ip(&["addr", "add", &format!("{SAME_NODE_IP}/32"), "dev", "lo"])?;
+            a.nft(&same_node_capture())?;
+            let at = SocketAddr::from((SAME_NODE_IP, SAME_NODE_PORT));
+            a.enter(move || crate::server::spawn(&[at]))??;
+        }
 
         let shared = work.0.join("mesh.yaml");
-        std::fs::write(&shared, mesh_config(n, 0, 0))?;
+        std::fs::write(&shared, mesh_config_with(n, 0, 0, cfg.same_node))?;
         let ca = work.0.join("ca");
         // With ztunnel in the rig, everyone chains to its fake CA's root;
         // otherwise the first ringway creates a CA and the others find it.
@@ -429,7 +475,7 @@ impl Nodes {
             let cores = &spec.cores;
             // Policies go to a copy of the mesh that only this pair reads.
             let config = match spec.policies {
-                Some(p) => write_pair_config(&work.0, n, i, p)?,
+                Some(p) => write_pair_config(&work.0, n, i, p, cfg.same_node)?,
                 None => shared.clone(),
             };
             let mut a_args = common("node-a", &config, cores);
@@ -498,6 +544,7 @@ impl Nodes {
             a,
             b,
             work,
+            same_node: cfg.same_node,
         };
         if let Some(spec) = &cfg.peer {
             let command = nodes.expand(&spec.command, &cfg.log_dir);
@@ -562,7 +609,7 @@ impl Nodes {
     /// [`Nodes::variants`] again.
     pub fn restart_for(&mut self, v: &Variant) -> anyhow::Result<()> {
         match (v.kind, v.set) {
-            (Kind::Passthrough, Some(i)) => self.sets[i].a.restart(&self.a)?,
+            (Kind::Passthrough | Kind::SameNode, Some(i)) => self.sets[i].a.restart(&self.a)?,
             (Kind::Hbone, Some(i)) => {
                 self.sets[i].b.restart(&self.b)?;
                 self.sets[i].a.restart(&self.a)?;
@@ -618,7 +665,7 @@ impl Nodes {
                 continue;
             }
             let policies = self.specs[j].policies.unwrap_or(0);
-            write_pair_config(&self.work.0, n, pair, policies)?;
+            write_pair_config(&self.work.0, n, pair, policies, self.same_node)?;
             let set = &mut self.sets[pair];
             set.b.restart(&self.b)?;
             set.a.restart(&self.a)?;
@@ -712,6 +759,22 @@ impl Nodes {
                 compare: None,
             });
         }
+        if self.same_node {
+            let s = &self.sets[0];
+            v.push(Variant {
+                key: "same-node".into(),
+                label: "ringway same-node".into(),
+                kind: Kind::SameNode,
+                set: Some(0),
+                cores: s.spec.cores.clone(),
+                dialer: Dialer::direct(SocketAddr::from((SAME_NODE_IP, SAME_NODE_PORT)))
+                    .bind(client),
+                procs: Processes::new(vec![s.a.pid()]),
+                policies: None,
+                netns: node_a.clone(),
+                compare: None,
+            });
+        }
         if let Some((spec, p)) = &self.peer {
             let (target, mut pids) = match spec.target {
                 PeerTarget::Plain => (SocketAddr::from((PLAIN_IP, DIRECT_PORT)), vec![p.pid()]),
@@ -780,6 +843,8 @@ pub enum Kind {
     Direct,
     Passthrough,
     Hbone,
+    /// Captured → ringway A's same-node fast path → sink on node A.
+    SameNode,
     /// The `--peer-cmd` proxy, through SOCKS5.
     Peer,
     /// Captured → ztunnel A → the non-mesh destination (nodes ZA, ZB).

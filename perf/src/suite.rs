@@ -128,6 +128,11 @@ pub struct SuiteArgs {
     /// hbone (the HBONE workload behind ringway B).
     #[arg(long, value_enum, default_value = "plain")]
     pub peer_target: PeerTarget,
+    /// Adds the column "ringway same-node": the client connects to an
+    /// HBONE workload on its own node A, which ringway A serves through
+    /// its same-node fast path (no TLS, no hop to a ringway B).
+    #[arg(long)]
+    pub same_node: bool,
     /// Skip the iperf3 comparison of the load generator.
     #[arg(long)]
     pub no_calibrate: bool,
@@ -248,6 +253,7 @@ pub struct Settings {
     pub calibrate: Option<calibrate::Params>,
     pub peer: Option<PeerSettings>,
     pub ztunnel: Option<ZtunnelSettings>,
+    pub same_node: bool,
     pub proxy_log_level: String,
 }
 
@@ -360,6 +366,7 @@ impl Settings {
             calibrate,
             peer,
             ztunnel,
+            same_node: a.same_node,
             proxy_log_level: a.proxy_log_level.clone(),
         })
     }
@@ -518,6 +525,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
                 target: p.target,
             }),
             ztunnel: settings.ztunnel.as_ref().map(|z| z.path.clone()),
+            same_node: settings.same_node,
         },
         &mut |l| progress.line(l),
     )?;
@@ -1326,6 +1334,9 @@ fn describe_variant(v: &Variant) -> String {
         }
         VariantKind::Hbone => {
             "captured → ringway A → HBONE (mTLS HTTP/2 CONNECT) → ringway B → sink"
+        }
+        VariantKind::SameNode => {
+            "captured → ringway A's same-node fast path (in-process inbound: policies, no TLS) → sink on node A"
         }
         VariantKind::Peer => "SOCKS5 CONNECT to the peer proxy in node A",
         VariantKind::ZtunnelPassthrough => {

@@ -24,6 +24,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::routing::{plan, Outbound, Plan, PlanError};
@@ -277,7 +278,7 @@ enum Step {
 /// `log`.
 fn next_step(
     core: &CoreInputs,
-    snapshot: &Snapshot,
+    snapshot: &Arc<Snapshot>,
     source: Option<&Workload>,
     dst: SocketAddr,
     log: &mut ConnLog,
@@ -316,15 +317,15 @@ fn next_step(
             };
             // The same-node fast path: the destination is a workload this
             // ringway serves, reached directly (not through a waypoint).
-            let direct_to_workload = peer == SocketAddr::new(authority.ip(), out.hbone_port);
             if core.cfg.fast_path
-                && direct_to_workload
-                && local_workload(snapshot, &core.cfg, authority.ip()).is_some()
+                && peer == SocketAddr::new(authority.ip(), out.hbone_port)
+                && on_this_node(core, snapshot, authority)
             {
                 log.route = "same_node";
                 return Step::Local(Box::new(LocalNext {
                     authority,
                     src_identity: w.identity(),
+                    snapshot: Rc::new(Arc::clone(snapshot)),
                 }));
             }
             Step::Hbone(Box::new(HboneNext {
@@ -410,11 +411,30 @@ struct Source {
     baggage: String,
 }
 
-/// A same-node HBONE destination: the workload's address and port, and
-/// the identity the tunnel would have presented.
+/// Whether `dst` is a workload this ringway itself serves, so that the
+/// fast path may skip the HBONE hop. Only with `--node-name`: without it
+/// every workload in the config counts as local for inbound, and taking the
+/// fast path to one on another node would send its traffic there as
+/// plaintext. In dedicated mode only the proxy workload itself is served
+/// here.
+fn on_this_node(core: &CoreInputs, snapshot: &Snapshot, dst: SocketAddr) -> bool {
+    if core.cfg.node_name.is_none() {
+        return false;
+    }
+    match local_workload(snapshot, &core.cfg, dst.ip()) {
+        None => false,
+        Some(w) => core.cfg.proxy_workload.as_ref().is_none_or(|pw| pw.is(w)),
+    }
+}
+
+/// A same-node HBONE destination: the workload's address and port, the
+/// identity the tunnel would have presented, and the snapshot the plan was
+/// made with (in on-demand mode fresher than the core's).
 struct LocalNext {
     authority: SocketAddr,
     src_identity: Identity,
+    #[allow(clippy::redundant_allocation)] // the core's snapshot type
+    snapshot: Rc<Arc<Snapshot>>,
 }
 
 /// The same-node fast path: what the HBONE hop to this ringway's own 15008
@@ -433,6 +453,7 @@ async fn serve_local(
     let LocalNext {
         authority,
         src_identity,
+        snapshot,
     } = *next;
     log.src_identity = Some(src_identity.to_string());
     log.upstream = Some(authority);
@@ -443,12 +464,33 @@ async fn serve_local(
     inbound.route = "same_node";
     inbound.src_identity = log.src_identity.clone();
     inbound.dst_identity = log.dst_identity.clone();
+    // What the HBONE hop would have refused before its policies: a call to
+    // one of ringway's own ports, and (at its TLS handshake) a source in
+    // another trust domain than the destination's.
+    let refusal = if core.self_addrs.ports.contains(&authority.port()) {
+        Some(format!(
+            "{authority} is one of ringway's own listener ports (self call)"
+        ))
+    } else {
+        local_workload(&snapshot, &core.cfg, authority.ip())
+            .filter(|w| w.trust_domain != src_identity.trust_domain)
+            .map(|w| {
+                format!(
+                    "source trust domain {:?} is not the destination's {:?}",
+                    src_identity.trust_domain, w.trust_domain
+                )
+            })
+    };
+    if let Some(why) = refusal {
+        inbound.fail(format!("400: {why}"));
+        let why = format!("refused: {why}");
+        return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
+    }
     let conn = Inbound {
         src: log.src.map_or(authority.ip(), |s| s.ip()),
         dst: authority,
         peer: Some(Rc::new(src_identity)),
     };
-    let snapshot = core.snapshot();
     let admitted = authorization::admit(&core.admitted, &snapshot, &core.cfg, conn);
     drop(snapshot);
     let ticket = match admitted {

@@ -121,3 +121,24 @@ fn without_the_fast_path_the_same_connection_takes_the_hbone_hop() {
     assert_eq!(out["route"], "hbone", "{logs:#?}");
     assert_eq!(out["upstream"], format!("{LOCAL_IP}:15008"));
 }
+
+#[test]
+fn a_workload_on_another_node_never_takes_the_fast_path() {
+    // The same address, but the config puts the workload on node B: its
+    // traffic must go out as HBONE (here to nobody, so it fails), never as
+    // plaintext straight to the application.
+    let cfg = config("").replace(
+        "  workloadIps: [\"10.250.0.5\"]\n  protocol: HBONE\n  node: node-a",
+        "  workloadIps: [\"10.250.0.5\"]\n  protocol: HBONE\n  node: node-b",
+    );
+    assert_ne!(cfg, config(""), "the local workload moved to node B");
+    let nodes = rig("fpo", &cfg, &[]);
+    let got = echo(&nodes, b"must not pass in plaintext");
+    assert!(
+        got.as_ref().map_or(true, |b| b.is_empty()),
+        "reached the application directly: {got:?}"
+    );
+    let logs = nodes.a().wait_access_logs(1);
+    let out = logs.iter().find(|l| l["path"] == "outbound").unwrap();
+    assert_eq!(out["route"], "hbone", "{logs:#?}");
+}

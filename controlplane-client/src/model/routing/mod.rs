@@ -136,7 +136,7 @@ pub type Pick<'p> = &'p mut dyn FnMut(u64) -> u64;
 pub fn plan(snap: &Snapshot, out: Outbound<'_>, pick: Pick<'_>) -> Result<Plan, PlanError> {
     let dst = out.dst;
     if let Some(svc) = snap.service_by_addr(out.network, dst.ip()) {
-        if let Some(wp) = &svc.waypoint {
+        if let Some(wp) = service_waypoint(svc, pick) {
             let key = svc.key();
             match resolve_waypoint(snap, out, wp, pick) {
                 Ok(w) if !w.is_source => return Ok(w.plan(dst, route::SERVICE_WAYPOINT)),
@@ -173,12 +173,20 @@ fn service_plan(
     pick: Pick<'_>,
 ) -> Result<Plan, PlanError> {
     let dst = out.dst;
+    let lb = svc.load_balancer.as_ref();
+    // PASSTHROUGH: the original destination, endpoints or not (a CIDR
+    // ServiceEntry says "these addresses", not "balance over them").
+    if lb.is_some_and(|lb| lb.mode == LbMode::Passthrough) {
+        return Ok(Plan::Direct {
+            upstream: dst,
+            route: route::SERVICE_PASSTHROUGH,
+        });
+    }
     let key = svc.key();
     let candidates = endpoints_for_port(snap, svc, &key, dst.port());
     let (local, remote): (Vec<_>, Vec<_>) = candidates
         .into_iter()
         .partition(|(w, _)| w.network == out.network);
-    let lb = svc.load_balancer.as_ref();
     let chosen = match choose(&local, out.source, lb, pick) {
         Some(c) => c,
         None => {
@@ -186,12 +194,6 @@ fn service_plan(
                 return Err(PlanError::RemoteNetwork {
                     service: key,
                     network: w.network.clone(),
-                });
-            }
-            if lb.is_some_and(|lb| lb.mode == LbMode::Passthrough) {
-                return Ok(Plan::Direct {
-                    upstream: dst,
-                    route: route::SERVICE_PASSTHROUGH,
                 });
             }
             return Err(PlanError::NoHealthyUpstream {
@@ -323,22 +325,48 @@ fn same_scope(scope: LbScope, src: &Workload, w: &Workload) -> bool {
     }
 }
 
-/// A choice weighted by capacity; a capacity of 0 counts as 1 (ztunnel's
-/// default when unset).
+/// A choice weighted by capacity (1 unless the config says otherwise); an
+/// endpoint with capacity 0 is never chosen, as in ztunnel (a drained
+/// endpoint), and when every one has 0 there is none.
 fn weighted<'s>(c: &[(&'s Workload, u16)], pick: Pick<'_>) -> Option<(&'s Workload, u16)> {
-    let total: u64 = c.iter().map(|(w, _)| u64::from(w.capacity.max(1))).sum();
+    weighted_by(c, |(w, _)| w.capacity, pick).copied()
+}
+
+/// The item `pick` lands on when each takes room `weight` (0: none).
+fn weighted_by<'i, T>(items: &'i [T], weight: impl Fn(&T) -> u32, pick: Pick<'_>) -> Option<&'i T> {
+    let total: u64 = items.iter().map(|i| u64::from(weight(i))).sum();
     if total == 0 {
         return None;
     }
     let mut n = pick(total).min(total - 1);
-    for &(w, port) in c {
-        let weight = u64::from(w.capacity.max(1));
-        if n < weight {
-            return Some((w, port));
+    for item in items {
+        let w = u64::from(weight(item));
+        if n < w {
+            return Some(item);
         }
-        n -= weight;
+        n -= w;
     }
-    c.last().copied()
+    None
+}
+
+/// The waypoint a service's traffic goes through: `waypoint`, else one of
+/// `weighted_waypoints` by weight (a list istiod may send on its own; going
+/// straight to the endpoints would skip the waypoint's policy).
+fn service_waypoint<'s>(svc: &'s Service, pick: Pick<'_>) -> Option<&'s GatewayAddress> {
+    if let Some(wp) = &svc.waypoint {
+        return Some(wp);
+    }
+    if svc.weighted_waypoints.is_empty() {
+        return None;
+    }
+    // All weights 0: still a waypoint, never none.
+    let all_zero = svc.weighted_waypoints.iter().all(|w| w.weight == 0);
+    let chosen = weighted_by(
+        &svc.weighted_waypoints,
+        |w| if all_zero { 1 } else { w.weight },
+        pick,
+    );
+    chosen.map(|w| &w.waypoint)
 }
 
 /// One of `w`'s addresses, of the same family as `like` when it has one.
@@ -397,10 +425,11 @@ fn resolve_waypoint(
     let instance: &Workload = match (service, &gw.destination) {
         (Some(svc), _) => {
             let key = svc.key();
-            // The source may be any instance of the waypoint service.
+            // The source may be any instance of the waypoint service (its
+            // address is not needed then: the connection does not go to it).
             if let Some(src) = snap.endpoints(&key).iter().find(|w| is_source(w)) {
                 return Ok(Waypoint {
-                    peer: SocketAddr::new(address_like(src, out.dst.ip()), port),
+                    peer: out.dst,
                     identity: src.identity(),
                     is_source: true,
                 });
@@ -427,6 +456,7 @@ fn resolve_waypoint(
     }
     let ip = match &gw.destination {
         GatewayDestination::Address(a) if service.is_none() => a.ip,
+        _ if instance.addresses.is_empty() => return Err("its instance has no address"),
         _ => address_like(instance, out.dst.ip()),
     };
     Ok(Waypoint {

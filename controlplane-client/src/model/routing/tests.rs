@@ -689,3 +689,93 @@ fn a_hostname_authority_names_a_service_the_local_workload_backs() {
         .collect();
     assert_eq!(inbound_service_port(&s, &elsewhere, host, 80), Some(7070));
 }
+
+#[test]
+fn passthrough_services_go_to_the_original_destination_even_with_endpoints() {
+    let s = snap(
+        vec![pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])])],
+        vec![Service {
+            load_balancer: lb(LbMode::Passthrough, &[]),
+            ..svc("web.ns.svc.cluster.local", "10.96.0.10", 8080)
+        }],
+    );
+    assert_eq!(
+        decide(&s, None, "10.96.0.10:80", 0),
+        direct("10.96.0.10:80", route::SERVICE_PASSTHROUGH)
+    );
+}
+
+#[test]
+fn capacity_zero_is_never_chosen() {
+    let mut drained = pod("web-a", &["10.0.1.1"], &[(WEB, &[(80, 8080)])]);
+    drained.capacity = 0;
+    let service = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
+    let s = snap(
+        vec![
+            drained.clone(),
+            pod("web-b", &["10.0.1.2"], &[(WEB, &[(80, 8080)])]),
+        ],
+        vec![service.clone()],
+    );
+    for n in 0..3 {
+        assert_eq!(
+            decide(&s, None, "10.96.0.10:80", n),
+            hbone("10.0.1.2:15008", "10.0.1.2:8080", "web-b", route::HBONE)
+        );
+    }
+    let s = snap(vec![drained], vec![service]);
+    assert!(matches!(
+        decide(&s, None, "10.96.0.10:80", 0),
+        Err(PlanError::NoHealthyUpstream { .. })
+    ));
+}
+
+#[test]
+fn weighted_waypoints_are_used_when_no_single_waypoint_is_given() {
+    let (wp, wp_svc) = waypoint_workloads();
+    let web = Service {
+        weighted_waypoints: vec![crate::model::WeightedWaypoint {
+            waypoint: waypoint_by_host("waypoint.ns.svc.cluster.local").unwrap(),
+            weight: 5,
+        }],
+        ..svc("web.ns.svc.cluster.local", "10.96.0.10", 8080)
+    };
+    let s = snap(
+        vec![wp, pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])])],
+        vec![web, wp_svc],
+    );
+    assert_eq!(
+        decide(&s, None, "10.96.0.10:80", 0),
+        hbone(
+            "10.0.9.9:15008",
+            "10.96.0.10:80",
+            "waypoint-1",
+            route::SERVICE_WAYPOINT
+        )
+    );
+}
+
+#[test]
+fn a_waypoint_source_without_addresses_does_not_panic() {
+    let (mut wp, wp_svc) = waypoint_workloads();
+    wp.addresses.clear();
+    let web = Service {
+        waypoint: waypoint_by_host("waypoint.ns.svc.cluster.local"),
+        ..svc("web.ns.svc.cluster.local", "10.96.0.10", 8080)
+    };
+    let s = snap(
+        vec![wp, pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])])],
+        vec![web, wp_svc],
+    );
+    // From the waypoint (found by uid, as dedicated mode finds it): to the
+    // endpoint.
+    assert_eq!(
+        decide(&s, Some("waypoint-1"), "10.96.0.10:80", 0),
+        hbone("10.0.1.1:15008", "10.0.1.1:8080", "web-1", route::HBONE)
+    );
+    // From anyone else: no instance with an address to go to.
+    assert!(matches!(
+        decide(&s, None, "10.96.0.10:80", 0),
+        Err(PlanError::WaypointUnavailable { .. })
+    ));
+}

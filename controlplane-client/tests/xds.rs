@@ -728,12 +728,16 @@ async fn server_restart_keeps_the_snapshot_and_resumes() {
 /// with no tokio runtime) asks for an IP and waits for a snapshot that
 /// resolves it. devcp answers like istiod: under the primary name, with
 /// "network/IP" only in the aliases.
+/// A short negative TTL, so the test can see it expire.
+const NEGATIVE_TTL: Duration = Duration::from_millis(500);
+
 #[tokio::test]
 async fn on_demand_lookup_resolves_through_aliases() {
     let ads = DevAds::new(mesh(MESH));
     let server = start_devcp(loopback(), ads.clone(), None);
     let mut cfg = client_config(&server.url());
     cfg.on_demand = true;
+    cfg.on_demand_negative_ttl = NEGATIVE_TTL;
     let (tx, rx) = xds::on_demand_channel();
     let client = TestClient::start(cfg, Some(rx));
     client.ready().await; // Authorization alone makes an on-demand client ready
@@ -856,6 +860,28 @@ async fn on_demand_lookup_resolves_through_aliases() {
         subscriptions(),
         subs_before + 1,
         "one subscription for both lookups"
+    );
+    // Once the answer expires, asking again is a new subscription (the
+    // name was unsubscribed with the ACK), answered at once again.
+    tokio::time::sleep(NEGATIVE_TTL).await;
+    let t = lookup_from_thread(
+        client.publisher.subscribe(),
+        tx.clone(),
+        ip("10.9.9.9"),
+        Duration::from_secs(5),
+    );
+    let (found, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
+        .await
+        .unwrap();
+    assert!(!found);
+    assert!(
+        took < Duration::from_secs(2),
+        "after the TTL: waited {took:?}"
+    );
+    assert_eq!(
+        subscriptions(),
+        subs_before + 2,
+        "asked again after the TTL"
     );
 
     // The subscription follows updates: b's address change is pushed.

@@ -220,6 +220,9 @@ pub struct XdsConfig {
     /// `XDS_ON_DEMAND`: subscribe to no addresses up front; cores ask for
     /// the ones they meet (see [`lookup_on_demand`]).
     pub on_demand: bool,
+    /// How long the server's "no such address" answer to an on-demand
+    /// request stands ([`ON_DEMAND_NEGATIVE_TTL`] unless a test says).
+    pub on_demand_negative_ttl: Duration,
     /// `ALT_XDS_HOSTNAME`: a second name the server certificate may carry
     /// (besides the host of [`address`](Self::address)).
     pub alt_hostname: Option<String>,
@@ -242,6 +245,7 @@ impl XdsConfig {
             cluster_id: "Kubernetes".into(),
             node,
             on_demand: false,
+            on_demand_negative_ttl: ON_DEMAND_NEGATIVE_TTL,
             alt_hostname: None,
             headers: Vec::new(),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
@@ -491,10 +495,11 @@ pub fn on_demand_channel() -> (OnDemandSender, OnDemandReceiver) {
 /// to any address outside the mesh) without asking again.
 pub const ON_DEMAND_NEGATIVE_TTL: Duration = Duration::from_secs(10);
 
-/// Whether `ip` on `network` names a workload or a service VIP.
+/// Whether `ip` on `network` names a workload, a service VIP or an address
+/// inside a service's CIDR VIP.
 pub fn resolves(snapshot: &Snapshot, network: &str, ip: IpAddr) -> bool {
     snapshot.workload_by_addr(network, ip).is_some()
-        || snapshot.service_by_vip(network, ip).is_some()
+        || snapshot.service_by_addr(network, ip).is_some()
 }
 
 /// For a core that met an unknown destination: asks the xDS client for
@@ -679,6 +684,10 @@ struct ClientState {
     authorization_versions: HashMap<String, String>,
     /// On-demand names subscribed so far (re-sent on reconnect).
     on_demand_names: BTreeSet<String>,
+    /// On-demand names the server said do not exist: unsubscribed with the
+    /// ACK of that response, so that asking again later is a new
+    /// subscription the server answers afresh.
+    unsubscribe_on_ack: Vec<String>,
     seen_address: bool,
     seen_authorization: bool,
 }
@@ -993,10 +1002,15 @@ impl Client {
                 details: Vec::new(),
             })
         };
+        let resource_names_unsubscribe = match resp.type_url.as_str() {
+            ADDRESS_TYPE_URL => std::mem::take(&mut self.state.unsubscribe_on_ack),
+            _ => Vec::new(),
+        };
         DeltaDiscoveryRequest {
             type_url: resp.type_url,
             response_nonce: resp.nonce,
             error_detail,
+            resource_names_unsubscribe,
             ..DeltaDiscoveryRequest::default()
         }
     }
@@ -1055,13 +1069,15 @@ impl Client {
             }
             // An on-demand name the server does not know: the cores waiting
             // on it give up now, and later connections to it for a while
-            // do not ask again. It is forgotten here, so that the next ask
-            // after that is subscribed (and answered) afresh.
+            // do not ask again. It is forgotten and unsubscribed (with this
+            // response's ACK), so that the next ask after that is a new
+            // subscription the server answers afresh.
             if self.cfg.on_demand && self.state.on_demand_names.remove(name) {
                 delta.missing.push((
                     name.clone(),
-                    std::time::Instant::now() + ON_DEMAND_NEGATIVE_TTL,
+                    std::time::Instant::now() + self.cfg.on_demand_negative_ttl,
                 ));
+                self.state.unsubscribe_on_ack.push(name.clone());
                 removals += 1;
             }
             if current.workload_by_uid(name).is_some() {

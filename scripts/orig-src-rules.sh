@@ -7,11 +7,13 @@
 # application run:
 #
 #   - a packet from one of ringway's sockets (SO_MARK, default 0x539) whose
-#     source is not a local address marks its connection (ct mark 0x111);
-#   - every packet of such a connection (the application's replies too)
-#     gets the routing mark 0x111;
+#     source is not a local address and whose destination is (the
+#     application) marks its connection (ct mark 0x111, low 12 bits only);
+#   - the replies of such a connection get the routing mark 0x111;
 #   - that mark routes through table 133, where everything is local, so the
-#     replies reach ringway's transparent socket.
+#     replies reach ringway's transparent socket. Nothing else is marked:
+#     ringway's connections to other nodes have local sources, and its own
+#     packets keep their mark.
 #
 #   scripts/orig-src-rules.sh add [--netns NAME] [--mark 0x539] [--table 133]
 #   scripts/orig-src-rules.sh del [--netns NAME] [--table 133]
@@ -57,9 +59,22 @@ remove() {
   in_ns nft delete table inet ringway_orig_src 2>/dev/null || true
   for family in -4 -6; do
     while in_ns ip "$family" rule del fwmark 0x111/0xfff lookup "$table" 2>/dev/null; do :; done
-    in_ns ip "$family" route flush table "$table" 2>/dev/null || true
+    # Only the one route this script adds: the table may be someone else's.
+    local any=0.0.0.0/0
+    [ "$family" = -6 ] && any=::/0
+    in_ns ip "$family" route del local "$any" dev lo table "$table" 2>/dev/null || true
   done
 }
+
+# Refuse a routing table that holds routes this script did not add.
+for family in -4 -6; do
+  other=$(in_ns ip "$family" route show table "$table" 2>/dev/null | grep -v '^local \(0.0.0.0/0\|default\|::/0\) dev lo' || true)
+  if [ -n "$other" ]; then
+    echo "orig-src-rules.sh: routing table $table already holds other routes; pick another with --table:" >&2
+    echo "$other" >&2
+    exit 1
+  fi
+done
 
 remove
 [ "$action" = del ] && exit 0
@@ -68,8 +83,8 @@ in_ns nft -f - <<EOF
 table inet ringway_orig_src {
   chain output {
     type route hook output priority mangle; policy accept;
-    meta l4proto tcp meta mark & 0xfff == $mark fib saddr type != local ct mark set 0x111
-    ct mark & 0xfff == 0x111 meta mark set 0x111
+    meta l4proto tcp meta mark & 0xfff == $mark fib saddr type != local fib daddr type local ct mark set ct mark & 0xfffff000 | 0x111
+    ct direction reply ct mark & 0xfff == 0x111 meta mark set meta mark & 0xfffff000 | 0x111
   }
 }
 EOF

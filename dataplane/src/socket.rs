@@ -200,6 +200,9 @@ pub async fn connect_from(
         sock.set_mark(opts.mark)?;
     }
     tune_stream(&sock, opts.keepalive)?;
+    // A source of the other family than the destination cannot be used
+    // (an IPv6 client of an IPv4 application): the node's own address then.
+    let source = source.filter(|ip| ip.is_ipv4() == dst.is_ipv4());
     if let Some(ip) = source {
         let transparent = match ip {
             IpAddr::V4(_) => sock.set_ip_transparent_v4(true),
@@ -211,6 +214,23 @@ pub async fn connect_from(
                 format!("IP_TRANSPARENT for the original source {ip}: {e} (needs CAP_NET_ADMIN)"),
             )
         })?;
+        // Let connect pick the port for the whole 4-tuple: every tunnel
+        // from one node shares a source address, and a port reserved at
+        // bind time would cap them at the ephemeral range.
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt on a socket we own, with a valid int option.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                &one as *const libc::c_int as *const libc::c_void,
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
         sock.bind(&SockAddr::from(SocketAddr::new(ip, 0)))
             .map_err(|e| {
                 io::Error::new(e.kind(), format!("bind to the original source {ip}: {e}"))

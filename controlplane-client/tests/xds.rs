@@ -836,19 +836,24 @@ async fn on_demand_lookup_resolves_through_aliases() {
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     let subs_before = subscriptions();
-    for (attempt, limit) in [
-        ("first", Duration::from_secs(2)),
-        ("again", Duration::from_millis(100)),
-    ] {
+    let negative_lookup = || {
         let t = lookup_from_thread(
             client.publisher.subscribe(),
             tx.clone(),
             ip("10.9.9.9"),
             Duration::from_secs(5),
         );
-        let (found, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
-            .await
-            .unwrap();
+        async move {
+            tokio::task::spawn_blocking(move || t.join().unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    for (attempt, limit) in [
+        ("first", Duration::from_secs(2)),
+        ("again", Duration::from_millis(100)),
+    ] {
+        let (found, took) = negative_lookup().await;
         assert!(!found, "{attempt}");
         assert!(
             took < limit,
@@ -864,15 +869,7 @@ async fn on_demand_lookup_resolves_through_aliases() {
     // Once the answer expires, asking again is a new subscription (the
     // name was unsubscribed with the ACK), answered at once again.
     tokio::time::sleep(NEGATIVE_TTL).await;
-    let t = lookup_from_thread(
-        client.publisher.subscribe(),
-        tx.clone(),
-        ip("10.9.9.9"),
-        Duration::from_secs(5),
-    );
-    let (found, took) = tokio::task::spawn_blocking(move || t.join().unwrap())
-        .await
-        .unwrap();
+    let (found, took) = negative_lookup().await;
     assert!(!found);
     assert!(
         took < Duration::from_secs(2),

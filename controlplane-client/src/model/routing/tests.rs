@@ -145,6 +145,16 @@ fn decide(s: &Snapshot, source: Option<&str>, dst: &str, n: u64) -> Result<Plan,
 
 const WEB: &str = "ns/web.ns.svc.cluster.local";
 
+/// The plan for web's VIP through waypoint-1 (see `waypoint_workloads`).
+fn via_waypoint() -> Result<Plan, PlanError> {
+    hbone(
+        "10.0.9.9:15008",
+        "10.96.0.10:80",
+        "waypoint-1",
+        route::SERVICE_WAYPOINT,
+    )
+}
+
 #[test]
 fn addresses_outside_the_mesh_and_plain_workloads_go_direct() {
     let s = snap(
@@ -445,15 +455,7 @@ fn a_service_waypoint_is_used_even_without_endpoints() {
         ..svc("web.ns.svc.cluster.local", "10.96.0.10", 8080)
     };
     let s = snap(vec![wp], vec![web, wp_svc]);
-    assert_eq!(
-        decide(&s, None, "10.96.0.10:80", 0),
-        hbone(
-            "10.0.9.9:15008",
-            "10.96.0.10:80",
-            "waypoint-1",
-            route::SERVICE_WAYPOINT
-        )
-    );
+    assert_eq!(decide(&s, None, "10.96.0.10:80", 0), via_waypoint());
 }
 
 #[test]
@@ -744,15 +746,7 @@ fn weighted_waypoints_are_used_when_no_single_waypoint_is_given() {
         vec![wp, pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])])],
         vec![web, wp_svc],
     );
-    assert_eq!(
-        decide(&s, None, "10.96.0.10:80", 0),
-        hbone(
-            "10.0.9.9:15008",
-            "10.96.0.10:80",
-            "waypoint-1",
-            route::SERVICE_WAYPOINT
-        )
-    );
+    assert_eq!(decide(&s, None, "10.96.0.10:80", 0), via_waypoint());
 }
 
 #[test]

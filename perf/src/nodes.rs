@@ -126,6 +126,20 @@ pub struct NodesConfig {
     /// The "ringway same-node" column: an HBONE workload on node A itself,
     /// served by ringway A of set 0.
     pub same_node: bool,
+    /// The "ringway hbone orig-src" column: a second HBONE workload on
+    /// node B behind a ringway B of its own that connects to the sink from
+    /// the client's address (`--orig-src`, with its return-path rules).
+    pub orig_src: bool,
+}
+
+/// On node B, the HBONE workload of the orig-src column.
+pub const ORIG_SRC_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 50);
+
+/// The optional columns' extra workloads in the mesh config.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extras {
+    pub same_node: bool,
+    pub orig_src: bool,
 }
 
 /// On node A (on `lo`), the HBONE workload of the same-node column.
@@ -233,8 +247,10 @@ pub struct Nodes {
     pub a: Netns,
     pub b: Netns,
     work: TempDir,
-    /// The "ringway same-node" column is in the rig.
-    same_node: bool,
+    /// The optional columns in the rig.
+    extras: Extras,
+    /// The orig-src column's ringway B (node B, `--orig-src`).
+    pub orig_src_b: Option<Proxy>,
 }
 
 /// A scratch directory (config, CA), removed on drop.
@@ -257,11 +273,11 @@ impl Drop for TempDir {
 /// certificates the identity `spiffe:///ns/…`), policies write `dryRun`
 /// and their string matches as YAML tags (`!Exact "…"`).
 pub fn mesh_config(sets: usize, policies: usize, port: u16) -> String {
-    mesh_config_with(sets, policies, port, false)
+    mesh_config_with(sets, policies, port, Extras::default())
 }
 
-/// [`mesh_config`], plus the same-node column's workload when `same_node`.
-pub fn mesh_config_with(sets: usize, policies: usize, port: u16, same_node: bool) -> String {
+/// [`mesh_config`], plus the optional columns' workloads.
+pub fn mesh_config_with(sets: usize, policies: usize, port: u16, extras: Extras) -> String {
     let workload = |name: &str, ns: &str, sa: &str, ip: Ipv4Addr, node: &str, app: &str| {
         format!(
             "- uid: cluster1//v1/Pod/{ns}/{name}\n  name: {name}\n  namespace: {ns}\n  serviceAccount: {sa}\n  \
@@ -288,7 +304,17 @@ pub fn mesh_config_with(sets: usize, policies: usize, port: u16, same_node: bool
             "server",
         );
     }
-    if same_node {
+    if extras.orig_src {
+        y += &workload(
+            "server-orig-src",
+            SERVER_NAMESPACE,
+            "server",
+            ORIG_SRC_IP,
+            "node-b-orig-src",
+            "server",
+        );
+    }
+    if extras.same_node {
         y += &workload(
             "local-0",
             SERVER_NAMESPACE,
@@ -355,12 +381,12 @@ fn write_pair_config(
     sets: usize,
     i: usize,
     policies: usize,
-    same_node: bool,
+    extras: Extras,
 ) -> anyhow::Result<PathBuf> {
     let path = work.join(format!("mesh-{i}.yaml"));
     // Write then rename: a ringway polling the file never reads half of it.
     let tmp = path.with_extension("tmp");
-    let yaml = mesh_config_with(sets, policies, captured_port(i), same_node);
+    let yaml = mesh_config_with(sets, policies, captured_port(i), extras);
     std::fs::write(&tmp, yaml)?;
     std::fs::rename(&tmp, &path)?;
     Ok(path)
@@ -423,6 +449,9 @@ impl Nodes {
         let b = Netns::new("rwpb")?;
         let mut b_ips = vec![format!("{PLAIN_IP}/24")];
         b_ips.extend((0..n).map(|i| format!("{}/24", hbone_ip(i))));
+        if cfg.orig_src {
+            b_ips.push(format!("{ORIG_SRC_IP}/24"));
+        }
         let b_refs: Vec<&str> = b_ips.iter().map(String::as_str).collect();
         let (ia, _) = rig::veth(&a, &[&format!("{CLIENT_IP}/24")], &b, &b_refs)?;
         for ns in [&a, &b] {
@@ -437,8 +466,12 @@ impl Nodes {
             a.enter(move || crate::server::spawn(&[at]))??;
         }
 
+        let extras = Extras {
+            same_node: cfg.same_node,
+            orig_src: cfg.orig_src,
+        };
         let shared = work.0.join("mesh.yaml");
-        std::fs::write(&shared, mesh_config_with(n, 0, 0, cfg.same_node))?;
+        std::fs::write(&shared, mesh_config_with(n, 0, 0, extras))?;
         let ca = work.0.join("ca");
         // With ztunnel in the rig, everyone chains to its fake CA's root;
         // otherwise the first ringway creates a CA and the others find it.
@@ -475,7 +508,7 @@ impl Nodes {
             let cores = &spec.cores;
             // Policies go to a copy of the mesh that only this pair reads.
             let config = match spec.policies {
-                Some(p) => write_pair_config(&work.0, n, i, p, cfg.same_node)?,
+                Some(p) => write_pair_config(&work.0, n, i, p, extras)?,
                 None => shared.clone(),
             };
             let mut a_args = common("node-a", &config, cores);
@@ -525,6 +558,47 @@ impl Nodes {
                 b: rb,
             });
         }
+        let orig_src_b = if cfg.orig_src {
+            // The return path for spoofed sources, as an operator installs
+            // it: the repository's script, run in node B.
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/orig-src-rules.sh");
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .args(["add", "--netns", &b.name])
+                .output()
+                .with_context(|| format!("running {}", script.display()))?;
+            if !out.status.success() {
+                bail!(
+                    "orig-src-rules.sh failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let mut args = common("node-b-orig-src", &shared, &cfg.sets[0].cores);
+            args.extend(strings(&[
+                "--inbound-addr",
+                &format!("{ORIG_SRC_IP}:15008"),
+                "--outbound-addr",
+                "127.0.0.1:0",
+                "--inbound-passthrough-addr",
+                "127.0.0.1:0",
+                "--orig-src",
+            ]));
+            let p = Proxy::start(
+                &b,
+                &cfg.ringway,
+                "ringway-b-orig-src",
+                &args,
+                &cfg.log_dir,
+                &cfg.log_level,
+            )?;
+            progress(&format!(
+                "started ringway B with --orig-src: pid {}",
+                p.pid()
+            ));
+            Some(p)
+        } else {
+            None
+        };
         let ztunnel = match &cfg.ztunnel {
             Some(bin) => Some(ZtunnelNodes::start(
                 bin,
@@ -544,7 +618,8 @@ impl Nodes {
             a,
             b,
             work,
-            same_node: cfg.same_node,
+            extras,
+            orig_src_b,
         };
         if let Some(spec) = &cfg.peer {
             let command = nodes.expand(&spec.command, &cfg.log_dir);
@@ -588,6 +663,9 @@ impl Nodes {
             s.a.check_alive()?;
             s.b.check_alive()?;
         }
+        if let Some(p) = &mut self.orig_src_b {
+            p.check_alive()?;
+        }
         if let Some((spec, p)) = &mut self.peer {
             if let Some(status) = p.child.try_wait()? {
                 bail!(
@@ -610,6 +688,12 @@ impl Nodes {
     pub fn restart_for(&mut self, v: &Variant) -> anyhow::Result<()> {
         match (v.kind, v.set) {
             (Kind::Passthrough | Kind::SameNode, Some(i)) => self.sets[i].a.restart(&self.a)?,
+            (Kind::HboneOrigSrc, Some(i)) => {
+                if let Some(b) = &mut self.orig_src_b {
+                    b.restart(&self.b)?;
+                }
+                self.sets[i].a.restart(&self.a)?;
+            }
             (Kind::Hbone, Some(i)) => {
                 self.sets[i].b.restart(&self.b)?;
                 self.sets[i].a.restart(&self.a)?;
@@ -665,7 +749,7 @@ impl Nodes {
                 continue;
             }
             let policies = self.specs[j].policies.unwrap_or(0);
-            write_pair_config(&self.work.0, n, pair, policies, self.same_node)?;
+            write_pair_config(&self.work.0, n, pair, policies, self.extras)?;
             let set = &mut self.sets[pair];
             set.b.restart(&self.b)?;
             set.a.restart(&self.a)?;
@@ -759,7 +843,23 @@ impl Nodes {
                 compare: None,
             });
         }
-        if self.same_node {
+        if let Some(b) = &self.orig_src_b {
+            let s = &self.sets[0];
+            v.push(Variant {
+                key: "hbone-orig-src".into(),
+                label: "ringway hbone orig-src".into(),
+                kind: Kind::HboneOrigSrc,
+                set: Some(0),
+                cores: s.spec.cores.clone(),
+                dialer: Dialer::direct(SocketAddr::from((ORIG_SRC_IP, captured_port(0))))
+                    .bind(client),
+                procs: Processes::new(vec![s.a.pid(), b.pid()]),
+                policies: None,
+                netns: node_a.clone(),
+                compare: None,
+            });
+        }
+        if self.extras.same_node {
             let s = &self.sets[0];
             v.push(Variant {
                 key: "same-node".into(),
@@ -845,6 +945,9 @@ pub enum Kind {
     Hbone,
     /// Captured → ringway A's same-node fast path → sink on node A.
     SameNode,
+    /// As [`Kind::Hbone`], to a ringway B that connects to the sink from
+    /// the client's address.
+    HboneOrigSrc,
     /// The `--peer-cmd` proxy, through SOCKS5.
     Peer,
     /// Captured → ztunnel A → the non-mesh destination (nodes ZA, ZB).

@@ -133,6 +133,12 @@ pub struct SuiteArgs {
     /// its same-node fast path (no TLS, no hop to a ringway B).
     #[arg(long)]
     pub same_node: bool,
+    /// Adds the column "ringway hbone orig-src": HBONE as in "ringway
+    /// hbone", to a ringway B of its own that connects to the sink from the
+    /// client's address (--orig-src, with scripts/orig-src-rules.sh in node
+    /// B), to compare a spoofed-source connect with a plain one.
+    #[arg(long)]
+    pub orig_src: bool,
     /// Skip the iperf3 comparison of the load generator.
     #[arg(long)]
     pub no_calibrate: bool,
@@ -254,6 +260,7 @@ pub struct Settings {
     pub peer: Option<PeerSettings>,
     pub ztunnel: Option<ZtunnelSettings>,
     pub same_node: bool,
+    pub orig_src: bool,
     pub proxy_log_level: String,
 }
 
@@ -367,6 +374,7 @@ impl Settings {
             peer,
             ztunnel,
             same_node: a.same_node,
+            orig_src: a.orig_src,
             proxy_log_level: a.proxy_log_level.clone(),
         })
     }
@@ -526,6 +534,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
             }),
             ztunnel: settings.ztunnel.as_ref().map(|z| z.path.clone()),
             same_node: settings.same_node,
+            orig_src: settings.orig_src,
         },
         &mut |l| progress.line(l),
     )?;
@@ -1337,6 +1346,9 @@ fn describe_variant(v: &Variant) -> String {
         }
         VariantKind::SameNode => {
             "captured → ringway A's same-node fast path (in-process inbound: policies, no TLS) → sink on node A"
+        }
+        VariantKind::HboneOrigSrc => {
+            "as ringway hbone, to a ringway B (--orig-src) that connects to the sink from the client's address"
         }
         VariantKind::Peer => "SOCKS5 CONNECT to the peer proxy in node A",
         VariantKind::ZtunnelPassthrough => {

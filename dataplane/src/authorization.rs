@@ -23,7 +23,7 @@ use std::task::{Poll, Waker};
 use ringway_controlplane::model::authz::{Conn, DryRun};
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::routing::is_waypoint_identity;
-use ringway_controlplane::model::{GatewayDestination, Workload};
+use ringway_controlplane::model::Workload;
 use ringway_controlplane::Snapshot;
 use slab::Slab;
 
@@ -107,11 +107,7 @@ fn decide_reporting<'s>(
     // still apply below).
     if let (Some(gw), Some(peer)) = (&workload.waypoint, conn.peer.as_deref()) {
         if !is_waypoint_identity(snap, &cfg.network, gw, peer) {
-            let waypoint = match &gw.destination {
-                GatewayDestination::Hostname(h) => h.to_string(),
-                GatewayDestination::Address(a) => a.to_string(),
-            };
-            return Err(Refused::BypassedWaypoint(waypoint));
+            return Err(Refused::BypassedWaypoint(gw.destination.to_string()));
         }
     }
     match snap.authorize(workload, &conn.conn(), dry_run) {

@@ -208,6 +208,16 @@ pub enum GatewayDestination {
     Address(NetworkAddress),
 }
 
+/// "ns/hostname" or "network/IP", as the config writes them.
+impl fmt::Display for GatewayDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GatewayDestination::Hostname(h) => h.fmt(f),
+            GatewayDestination::Address(a) => a.fmt(f),
+        }
+    }
+}
+
 /// How a workload's own proxy (e.g. a sandwiched waypoint) wants to receive
 /// traffic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -243,26 +243,32 @@ fn endpoints_for_port<'s>(
         .load_balancer
         .as_ref()
         .is_some_and(|lb| lb.health_policy == LbHealthPolicy::AllowAll);
-    let svc_target = svc
-        .ports
-        .iter()
-        .find(|p| p.service_port == port)
-        .map(|p| p.target_port);
     snap.endpoints(key)
         .iter()
         .filter(|w| allow_unhealthy || w.status == WorkloadStatus::Healthy)
         .filter(|w| !w.addresses.is_empty())
-        .filter_map(|w| {
-            let own = w
-                .services
-                .get(key)
-                .and_then(|ports| ports.iter().find(|p| p.service_port == port))
-                .map(|p| p.target_port)
-                .filter(|&t| t != 0);
-            let target = own.or(svc_target)?;
-            Some((&**w, if target == 0 { port } else { target }))
-        })
+        .filter_map(|w| Some((&**w, target_port(w, svc, key, port)?)))
         .collect()
+}
+
+/// The port service port `port` of `svc` (key `key`) reaches on endpoint
+/// `w`: the endpoint's own mapping first (Kubernetes named target ports
+/// resolve per pod), then the service's, then `port` itself where a
+/// mapping says 0. None: neither maps it.
+fn target_port(w: &Workload, svc: &Service, key: &str, port: u16) -> Option<u16> {
+    let own = w
+        .services
+        .get(key)
+        .and_then(|ports| ports.iter().find(|p| p.service_port == port))
+        .map(|p| p.target_port)
+        .filter(|&t| t != 0);
+    let target = own.or_else(|| {
+        svc.ports
+            .iter()
+            .find(|p| p.service_port == port)
+            .map(|p| p.target_port)
+    })?;
+    Some(if target == 0 { port } else { target })
 }
 
 /// Load balancing proper: locality preferences by mode, then a choice
@@ -467,11 +473,11 @@ fn resolve_waypoint(
 }
 
 fn waypoint_error(of: String, gw: &GatewayAddress, why: &'static str) -> PlanError {
-    let waypoint = match &gw.destination {
-        GatewayDestination::Hostname(h) => h.to_string(),
-        GatewayDestination::Address(a) => a.to_string(),
-    };
-    PlanError::WaypointUnavailable { of, waypoint, why }
+    PlanError::WaypointUnavailable {
+        of,
+        waypoint: gw.destination.to_string(),
+        why,
+    }
 }
 
 /// Whether `peer` is the identity of an instance of waypoint `gw` (any
@@ -528,17 +534,5 @@ pub fn inbound_service_port(
         .iter()
         .find(|s| s.namespace == local.namespace)
         .or(backed.first())?;
-    let own = local
-        .services
-        .get(&svc.key())
-        .and_then(|ports| ports.iter().find(|p| p.service_port == port))
-        .map(|p| p.target_port)
-        .filter(|&t| t != 0);
-    let target = own.or_else(|| {
-        svc.ports
-            .iter()
-            .find(|p| p.service_port == port)
-            .map(|p| p.target_port)
-    })?;
-    Some(if target == 0 { port } else { target })
+    target_port(local, svc, &svc.key(), port)
 }

@@ -51,13 +51,6 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let mut transparent = crate::outbound::Transparent;
     // From the client's own address when asked (--orig-src): the TCP peer.
     let from = core.cfg.orig_src.then_some(src.ip());
-    let carried = crate::outbound::proxy_direct(&core, client, dst, log, &mut transparent, from);
-    let revoked = async {
-        let why = ticket.revoked().await;
-        // The sockets close when `carried` is dropped, right after this:
-        // the client gets a reset, not a clean end of stream.
-        socket::set_reset_on_close(fd);
-        log.fail(format!("closed: {why}"));
-    };
-    futures_lite::future::or(carried, revoked).await;
+    crate::outbound::direct_until_revoked(&core, client, dst, log, &mut transparent, from, &ticket)
+        .await;
 }

@@ -501,15 +501,8 @@ async fn serve_local(
             return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
         }
     };
-    let fd = client.as_raw_fd();
     let log = &*log;
-    let carried = proxy_direct(core, client, authority, log, downstream, None);
-    let revoked = async {
-        let why = ticket.revoked().await;
-        socket::set_reset_on_close(fd);
-        log.fail(format!("closed: {why}"));
-    };
-    futures_lite::future::or(carried, revoked).await;
+    direct_until_revoked(core, client, authority, log, downstream, None, &ticket).await;
     // What the client sent, the application received, and back.
     inbound.received.set(log.sent.get());
     inbound.sent.set(log.received.get());
@@ -631,6 +624,29 @@ pub async fn proxy_direct(
         crate::copy::CopyOutcome::Closed => log.finish("closed"),
         other => log.fail(other.describe()),
     }
+}
+
+/// [`proxy_direct`] for an admitted inbound connection: until it ends, or
+/// until a later config denies it (`ticket`). Then the sockets close when
+/// the copy is dropped, right after, with a reset for the client rather
+/// than a clean end of stream.
+pub async fn direct_until_revoked(
+    core: &CoreInputs,
+    client: OwnedFd,
+    upstream: SocketAddr,
+    log: &ConnLog,
+    downstream: &mut dyn Downstream,
+    source: Option<std::net::IpAddr>,
+    ticket: &authorization::Ticket,
+) {
+    let fd = client.as_raw_fd();
+    let carried = proxy_direct(core, client, upstream, log, downstream, source);
+    let revoked = async {
+        let why = ticket.revoked().await;
+        socket::set_reset_on_close(fd);
+        log.fail(format!("closed: {why}"));
+    };
+    futures_lite::future::or(carried, revoked).await;
 }
 
 /// Sends a final reply (a refusal), bounded by the handshake timeout,

@@ -189,25 +189,27 @@ ask "GET /hello (to the Service)" "$VIP:80"
 ask "SELECT 1 (to the non-mesh db)" "$LEGACY:5432"
 sleep 0.5
 
+# One line per access-log entry of ringway's log $1: its decisions
+# (outbound) or what it saw (inbound).
+show_log() {
+  python3 - "$1" "$2" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    try: l = json.loads(line)
+    except ValueError: continue
+    if l.get("target") != "access": continue
+    end = l.get("outcome") or l.get("error")
+    if sys.argv[2] == "outbound":
+        print(f"   {l.get('dst'):>18}  route={l.get('route'):<12} upstream={l.get('upstream')}  "
+              f"as={l.get('src_identity')}  to={l.get('dst_identity')}  {end}")
+    else:
+        print(f"   from {l.get('src_identity')} to {l.get('upstream')}: {end}")
+EOF
+}
 echo "== what ringway A decided (its access log)"
-python3 - "$DIR/node-a.log" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    try: l = json.loads(line)
-    except ValueError: continue
-    if l.get("target") != "access": continue
-    print(f"   {l.get('dst'):>18}  route={l.get('route'):<12} upstream={l.get('upstream')}  "
-          f"as={l.get('src_identity')}  to={l.get('dst_identity')}  {l.get('outcome') or l.get('error')}")
-EOF
+show_log "$DIR/node-a.log" outbound
 echo "== what ringway B saw (inbound HBONE)"
-python3 - "$DIR/node-b.log" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    try: l = json.loads(line)
-    except ValueError: continue
-    if l.get("target") != "access": continue
-    print(f"   from {l.get('src_identity')} to {l.get('upstream')}: {l.get('outcome') or l.get('error')}")
-EOF
+show_log "$DIR/node-b.log" inbound
 
 echo "== on the wire to port 15008"
 python3 - "$DIR/tap" <<'EOF'

@@ -197,13 +197,16 @@ import json, sys
 for line in open(sys.argv[1]):
     try: l = json.loads(line)
     except ValueError: continue
-    if l.get("target") != "access": continue
+    if l.get("scope") != "access": continue
     end = l.get("outcome") or l.get("error")
+    service = f"  service={l['dst.service']}" if l.get("dst.service") else ""
     if sys.argv[2] == "outbound":
-        print(f"   {l.get('dst'):>18}  route={l.get('route'):<12} upstream={l.get('upstream')}  "
-              f"as={l.get('src_identity')}  to={l.get('dst_identity')}  {end}")
+        print(f"   {l.get('src.workload')} -> {l.get('dst.hbone_addr') or l.get('dst.addr')}"
+              f"  route={l.get('route'):<12} via={l.get('dst.addr')}{service}"
+              f"  as={l.get('src.identity')}  to={l.get('dst.identity')}  {end}")
     else:
-        print(f"   from {l.get('src_identity')} to {l.get('upstream')}: {end}")
+        print(f"   from {l.get('src.identity')} to {l.get('dst.workload')}"
+              f" at {l.get('dst.hbone_addr')}{service}: {end}")
 EOF
 }
 echo "== what ringway A decided (its access log)"

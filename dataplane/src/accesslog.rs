@@ -1,12 +1,20 @@
 //! One access-log line per proxied connection, written exactly once: when
 //! the connection's [`ConnLog`] is dropped, whatever path it took (success,
 //! early refusal, or cancellation at the drain deadline).
+//!
+//! The line carries ztunnel's field names and meanings (`src.addr`,
+//! `dst.addr`, `dst.hbone_addr`, `dst.service`, `direction`, `bytes_sent`,
+//! `bytes_recv`, `duration`, `error`, ...), so that log queries written for
+//! ztunnel work unchanged; ringway adds `core`, `path`, `route`, `trace`,
+//! `hbone_conn` and, on success, `outcome`.
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Instant;
+
+use ringway_controlplane::model::Workload;
 
 use crate::listeners::TrafficPath;
 
@@ -46,15 +54,68 @@ impl OpenConnections {
     }
 }
 
+/// The workload and service names a line shows, copied once when the
+/// connection is routed: cloning the snapshot's `Arc`s instead would touch
+/// refcounts that every core shares, for each connection. One allocation.
+#[derive(Default, Clone)]
+pub struct Names {
+    text: String,
+    /// Where each part ends in `text`, in this order: source workload,
+    /// its namespace, destination workload, its namespace, service.
+    ends: [u16; 5],
+}
+
+impl Names {
+    /// The source and destination workloads (when known) and the service
+    /// the client dialled (its hostname).
+    pub fn new(src: Option<&Workload>, dst: Option<&Workload>, service: Option<&str>) -> Self {
+        let parts = [
+            src.map(|w| w.name.as_str()),
+            src.map(|w| w.namespace.as_str()),
+            dst.map(|w| w.name.as_str()),
+            dst.map(|w| w.namespace.as_str()),
+            service,
+        ];
+        let len: usize = parts.iter().flatten().map(|p| p.len()).sum();
+        let mut names = Names {
+            text: String::with_capacity(len.min(u16::MAX as usize)),
+            ends: [0; 5],
+        };
+        for (i, part) in parts.iter().enumerate() {
+            let part = part.unwrap_or("");
+            if names.text.len() + part.len() <= u16::MAX as usize {
+                names.text.push_str(part);
+            }
+            names.ends[i] = names.text.len() as u16;
+        }
+        names
+    }
+
+    /// Part `i` (see `ends`); None when unknown (empty).
+    fn get(&self, i: usize) -> Option<&str> {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        let part = &self.text[start..self.ends[i] as usize];
+        (!part.is_empty()).then_some(part)
+    }
+}
+
 /// The record of one connection, filled in as it progresses.
 pub struct ConnLog {
     open: Rc<OpenConnections>,
     core: usize,
     path: TrafficPath,
     started: Instant,
+    /// The client (outbound) or the tunnel's peer (inbound).
     pub src: Option<SocketAddr>,
+    /// ztunnel's `dst.addr`: where the connection went. Outbound: the
+    /// original destination until an upstream is chosen, then the upstream
+    /// (a peer's HBONE port for a tunnel). Inbound HBONE: the address the
+    /// tunnel arrived on (port 15008).
     pub dst: Option<SocketAddr>,
-    pub upstream: Option<SocketAddr>,
+    /// ztunnel's `dst.hbone_addr`: the tunnel's target (its `:authority`).
+    pub hbone_addr: Option<SocketAddr>,
+    /// Workload and service names, when the route found them.
+    pub names: Names,
     /// SPIFFE identity of the source (the mTLS peer inbound, the workload
     /// we speak for outbound).
     pub src_identity: Option<String>,
@@ -66,10 +127,11 @@ pub struct ConnLog {
     pub hbone_conn: Option<u64>,
     /// Which way the connection was routed (e.g. "passthrough", "service").
     pub route: &'static str,
-    /// Bytes from the downstream client delivered upstream.
-    pub sent: Cell<u64>,
-    /// Bytes from upstream delivered to the downstream client.
-    pub received: Cell<u64>,
+    /// Bytes from the client (outbound: the application; inbound: the
+    /// tunnel or the plaintext peer) delivered to the other side.
+    pub from_client: Cell<u64>,
+    /// Bytes from the other side delivered to the client.
+    pub to_client: Cell<u64>,
     outcome: RefCell<Option<(bool, String)>>,
 }
 
@@ -94,14 +156,15 @@ impl ConnLog {
             started: Instant::now(),
             src: None,
             dst: None,
-            upstream: None,
+            hbone_addr: None,
+            names: Names::default(),
             src_identity: None,
             dst_identity: None,
             trace: None,
             hbone_conn: None,
             route: "-",
-            sent: Cell::new(0),
-            received: Cell::new(0),
+            from_client: Cell::new(0),
+            to_client: Cell::new(0),
             outcome: RefCell::new(None),
         }
     }
@@ -125,10 +188,6 @@ impl ConnLog {
     }
 }
 
-fn fmt_addr(a: &Option<SocketAddr>) -> String {
-    a.map(|a| a.to_string()).unwrap_or_else(|| "-".into())
-}
-
 impl Drop for ConnLog {
     fn drop(&mut self) {
         self.open.leave();
@@ -137,36 +196,107 @@ impl Drop for ConnLog {
             .borrow_mut()
             .take()
             .unwrap_or((false, "closed at the drain deadline".into()));
-        let duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
-        let (src, dst, upstream) = (
-            fmt_addr(&self.src),
-            fmt_addr(&self.dst),
-            fmt_addr(&self.upstream),
+        let direction = match self.path {
+            TrafficPath::Outbound | TrafficPath::Socks5 => "outbound",
+            TrafficPath::Inbound | TrafficPath::InboundPassthrough => "inbound",
+        };
+        // As ztunnel counts them: outbound the proxy sends what the client
+        // sent; inbound it receives what the client sent.
+        let (from_client, to_client) = (self.from_client.get(), self.to_client.get());
+        let (bytes_sent, bytes_recv) = match direction {
+            "outbound" => (from_client, to_client),
+            _ => (to_client, from_client),
+        };
+        let duration = format!("{}ms", self.started.elapsed().as_millis());
+        let display = |a: &Option<SocketAddr>| a.map(tracing::field::display);
+        let n = |i| self.names.get(i);
+        let (src, dst, hbone_addr) = (
+            display(&self.src),
+            display(&self.dst),
+            display(&self.hbone_addr),
         );
-        let (sent, received) = (self.sent.get(), self.received.get());
-        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let (src_identity, dst_identity, trace) = (
-            dash(&self.src_identity),
-            dash(&self.dst_identity),
-            dash(&self.trace),
+            self.src_identity.as_deref(),
+            self.dst_identity.as_deref(),
+            self.trace.as_deref(),
         );
-        let hbone_conn = self.hbone_conn.unwrap_or(0);
-        if ok {
-            tracing::info!(
-                target: "access",
-                core = self.core, path = self.path.name(), src, dst, upstream, route = self.route,
-                src_identity, dst_identity, trace, hbone_conn,
-                bytes_sent = sent, bytes_received = received, duration_ms, outcome,
-                "connection complete"
+        let (core, path, route, hbone_conn) =
+            (self.core, self.path.name(), self.route, self.hbone_conn);
+        // One field list for every level and message.
+        macro_rules! line {
+            ($level:expr, $message:literal, $key:ident = $value:expr) => {
+                tracing::event!(
+                    target: "access",
+                    $level,
+                    { src.addr = src, src.workload = n(0), src.namespace = n(1),
+                    src.identity = src_identity,
+                    dst.addr = dst, dst.hbone_addr = hbone_addr, dst.service = n(4),
+                    dst.workload = n(2), dst.namespace = n(3), dst.identity = dst_identity,
+                    direction, bytes_sent, bytes_recv, duration, $key = $value,
+                    core, path, route, trace, hbone_conn },
+                    $message
+                )
+            };
+        }
+        let tunnel_connection = self.route == "hbone_connection";
+        if ok && tunnel_connection {
+            // The streams have their own lines; ztunnel logs none for a
+            // tunnel connection that ended well.
+            line!(
+                tracing::Level::DEBUG,
+                "connection closed",
+                outcome = outcome
             );
+        } else if ok {
+            line!(
+                tracing::Level::INFO,
+                "connection complete",
+                outcome = outcome
+            );
+        } else if tunnel_connection {
+            // A tunnel connection (TLS, HTTP/2) that failed before or
+            // between its streams: ztunnel's "connection failed".
+            line!(tracing::Level::WARN, "connection failed", error = outcome);
         } else {
-            tracing::warn!(
-                target: "access",
-                core = self.core, path = self.path.name(), src, dst, upstream, route = self.route,
-                src_identity, dst_identity, trace, hbone_conn,
-                bytes_sent = sent, bytes_received = received, duration_ms, error = outcome,
-                "connection failed"
+            line!(
+                tracing::Level::ERROR,
+                "connection complete",
+                error = outcome
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(name: &str, namespace: &str) -> Workload {
+        Workload {
+            name: name.into(),
+            namespace: namespace.into(),
+            ..Workload::default()
+        }
+    }
+
+    #[test]
+    fn names_keep_each_part_and_report_unknown_as_none() {
+        let (a, b) = (workload("client", "shop"), workload("server-0", "db"));
+        let n = Names::new(Some(&a), Some(&b), Some("db.db.svc.cluster.local"));
+        let parts: Vec<_> = (0..5).map(|i| n.get(i)).collect();
+        assert_eq!(
+            parts,
+            [
+                Some("client"),
+                Some("shop"),
+                Some("server-0"),
+                Some("db"),
+                Some("db.db.svc.cluster.local")
+            ]
+        );
+        let n = Names::new(None, Some(&b), None);
+        let parts: Vec<_> = (0..5).map(|i| n.get(i)).collect();
+        assert_eq!(parts, [None, None, Some("server-0"), Some("db"), None]);
+        assert!((0..5).all(|i| Names::default().get(i).is_none()));
     }
 }

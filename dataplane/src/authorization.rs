@@ -119,12 +119,15 @@ fn decide_reporting<'s>(
 fn log_dry_run(d: &DryRun<'_>, conn: &Inbound) {
     let policy = d.policy().map_or("-", |p| p.key());
     let peer = conn.peer.as_deref();
-    tracing::info!(
+    tracing::event!(
         target: "authz",
-        policy,
-        src = %conn.src,
-        dst = %conn.dst,
-        src_identity = %peer.map_or(&"-" as &dyn std::fmt::Display, |p| p as &dyn std::fmt::Display),
+        tracing::Level::INFO,
+        {
+            policy,
+            src.addr = %conn.src,
+            dst.addr = %conn.dst,
+            src.identity = peer.map(tracing::field::display),
+        },
         "{}",
         d.message()
     );

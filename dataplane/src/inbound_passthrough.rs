@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
-use crate::accesslog::ConnLog;
+use crate::accesslog::{ConnLog, Names};
 use crate::authorization::{self, Inbound};
 use crate::runtime::CoreInputs;
 use crate::socket;
@@ -38,7 +38,16 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
         dst,
         peer: None,
     };
-    let ticket = match authorization::admit(&core.admitted, &core.snapshot(), &core.cfg, inbound) {
+    let snapshot = core.snapshot();
+    let network = &core.cfg.network;
+    log.names = Names::new(
+        snapshot.workload_by_addr(network, src.ip()).map(|w| &**w),
+        authorization::local_workload(&snapshot, &core.cfg, dst.ip()).map(|w| &**w),
+        None,
+    );
+    let admitted = authorization::admit(&core.admitted, &snapshot, &core.cfg, inbound);
+    drop(snapshot);
+    let ticket = match admitted {
         Ok(t) => t,
         Err(refusal) => {
             // It believes it is connected: a reset tells it otherwise.
@@ -46,7 +55,6 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
             return log.fail(format!("refused: {refusal}"));
         }
     };
-    log.upstream = Some(dst);
     let log = &log;
     let mut transparent = crate::outbound::Transparent;
     // From the client's own address when asked (--orig-src): the TCP peer.

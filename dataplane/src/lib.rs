@@ -28,6 +28,7 @@ pub mod executor;
 pub mod hbone;
 pub mod inbound_passthrough;
 pub mod listeners;
+pub mod logfmt;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;

@@ -14,19 +14,14 @@ use clap::Parser;
 use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// Log lines in ztunnel's shapes (see `logfmt`).
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
+    let json = matches!(format, LogFormat::Json);
+    tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_thread_names(true);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .init(),
-    }
+        .event_format(ringway_dataplane::logfmt::ZtunnelFormat { json })
+        .init();
 }
 
 fn main() -> ExitCode {

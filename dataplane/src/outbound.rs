@@ -31,7 +31,7 @@ use ringway_controlplane::model::routing::{plan, Outbound, Plan, PlanError};
 use ringway_controlplane::model::Workload;
 use ringway_controlplane::Snapshot;
 
-use crate::accesslog::ConnLog;
+use crate::accesslog::{ConnLog, Names};
 use crate::authorization::local_workload;
 use crate::authorization::{self, Inbound};
 use crate::hbone;
@@ -236,7 +236,7 @@ pub fn route(
         drop(snapshot);
         match step {
             Step::Direct(upstream) => {
-                log.upstream = Some(upstream);
+                log.dst = Some(upstream);
                 // Boxed like the HBONE phases: the connect and splice state
                 // is this path's alone.
                 let direct = Box::pin(proxy_direct(core, client, upstream, log, downstream, None));
@@ -289,9 +289,24 @@ fn next_step(
         dst,
         hbone_port: core.pool.cfg.hbone_port,
     };
+    let network = &core.cfg.network;
+    let service = snapshot.service_by_addr(network, dst.ip());
+    // The log's names: the workload reached (for a tunnel, the one at its
+    // target, else the one serving its HBONE port, e.g. a waypoint).
+    let name = |log: &mut ConnLog, reached: &[SocketAddr]| {
+        let destination = reached
+            .iter()
+            .find_map(|a| snapshot.workload_by_addr(network, a.ip()));
+        log.names = Names::new(
+            source,
+            destination.map(|w| &**w),
+            service.map(|s| s.hostname.as_str()),
+        );
+    };
     match plan(snapshot, out, &mut |n| fastrand::u64(0..n)) {
         Ok(Plan::Direct { upstream, route }) => {
             log.route = route;
+            name(log, &[upstream]);
             Step::Direct(upstream)
         }
         Ok(Plan::Hbone {
@@ -302,6 +317,7 @@ fn next_step(
         }) => {
             log.route = route;
             log.dst_identity = Some(identity.to_string());
+            name(log, &[authority, peer]);
             // The tunnel speaks for the client's workload: no workload, no
             // identity, no tunnel. Take what the tunnel needs while the
             // snapshot is borrowed: cloning the workload's Arc would touch
@@ -336,9 +352,7 @@ fn next_step(
                     identity: w.identity(),
                     baggage: hbone::baggage(w),
                 },
-                host: snapshot
-                    .service_by_addr(&core.cfg.network, dst.ip())
-                    .map(|s| s.hostname.clone()),
+                host: service.map(|s| s.hostname.clone()),
             }))
         }
         Err(e) => {
@@ -456,11 +470,11 @@ async fn serve_local(
         snapshot,
     } = *next;
     log.src_identity = Some(src_identity.to_string());
-    log.upstream = Some(authority);
+    log.dst = Some(authority);
     let mut inbound = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
     inbound.src = log.src;
     inbound.dst = Some(authority);
-    inbound.upstream = Some(authority);
+    inbound.names = log.names.clone();
     inbound.route = "same_node";
     inbound.src_identity = log.src_identity.clone();
     inbound.dst_identity = log.dst_identity.clone();
@@ -504,8 +518,8 @@ async fn serve_local(
     let log = &*log;
     direct_until_revoked(core, client, authority, log, downstream, None, &ticket).await;
     // What the client sent, the application received, and back.
-    inbound.received.set(log.sent.get());
-    inbound.sent.set(log.received.get());
+    inbound.from_client.set(log.from_client.get());
+    inbound.to_client.set(log.to_client.get());
     match log.outcome() {
         Some((true, outcome)) => inbound.finish(outcome),
         Some((false, why)) => inbound.fail(why),
@@ -539,7 +553,8 @@ async fn open_hbone(
         host,
     } = *next;
     log.src_identity = Some(source.identity.to_string());
-    log.upstream = Some(peer);
+    log.dst = Some(peer);
+    log.hbone_addr = Some(authority);
     let traceparent = hbone::new_traceparent();
     log.trace = Some(traceparent.clone());
     let tunnel = hbone::client::Tunnel {
@@ -584,8 +599,8 @@ fn proxy_hbone<'a>(
             fd,
             stream.send,
             stream.recv,
-            &log.sent,
-            &log.received,
+            &log.from_client,
+            &log.to_client,
         )
         .await;
         match outcome {
@@ -618,7 +633,7 @@ pub async fn proxy_direct(
     }
     let outcome = core
         .copier
-        .bidirectional(&client, &server, &log.sent, &log.received)
+        .bidirectional(&client, &server, &log.from_client, &log.to_client)
         .await;
     match outcome {
         crate::copy::CopyOutcome::Closed => log.finish("closed"),

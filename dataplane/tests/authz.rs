@@ -106,14 +106,14 @@ fn identity_and_port_decide_through_hbone() {
         "nothing reaches the application after a 401"
     );
     let denied = nodes.b().wait_log("Bob's 401", |l| {
-        l["target"] == "access" && l["src_identity"] == BOB
+        l["scope"] == "access" && l["src.identity"] == BOB
     });
     assert_eq!(
         error_of(&denied),
         "401: authorization policy: explicitly denied by server-ns/deny-bob",
         "{denied}"
     );
-    assert_eq!(denied["dst"], format!("{SERVER_IP}:9000"));
+    assert_eq!(denied["dst.hbone_addr"], format!("{SERVER_IP}:9000"));
 
     let (code, out) = hbone_as(&nodes, BOB, 9001);
     assert_eq!(code, 0, "{out}");
@@ -206,16 +206,16 @@ fn strict_mtls_refuses_plaintext_and_admits_hbone() {
     );
     assert!(other.accept().is_err(), "nothing reached 10.250.0.9");
     let refusal = nodes.b().wait_log("the STRICT refusal", |l| {
-        l["target"] == "access"
+        l["scope"] == "access"
             && l["path"] == "inbound_passthrough"
-            && l["dst"] == format!("{SERVER_IP}:9000")
+            && l["dst.addr"] == format!("{SERVER_IP}:9000")
     });
     assert_eq!(
         error_of(&refusal),
         "refused: authorization policy: explicitly denied by istio-system/istio_converted_static_strict"
     );
     let stray_log = nodes.b().wait_log("the non-local refusal", |l| {
-        l["target"] == "access" && l["dst"] == "10.250.0.9:9002"
+        l["scope"] == "access" && l["dst.addr"] == "10.250.0.9:9002"
     });
     assert_eq!(
         error_of(&stray_log),
@@ -288,14 +288,14 @@ fn late_rejection_closes_a_live_tunnel_after_a_config_edit() {
     assert_eq!(&got, b"still");
 
     let closed = nodes.b().wait_log("the late rejection", |l| {
-        l["target"] == "access" && error_of(l).starts_with("closed: late rejection")
+        l["scope"] == "access" && error_of(l).starts_with("closed: late rejection")
     });
     assert_eq!(
         error_of(&closed),
         "closed: late rejection: authorization policy: explicitly denied by server-ns/deny-client-9000"
     );
-    assert_eq!(closed["src_identity"], CLIENT_ID);
-    assert_eq!(closed["dst"], format!("{SERVER_IP}:9000"));
+    assert_eq!(closed["src.identity"], CLIENT_ID);
+    assert_eq!(closed["dst.hbone_addr"], format!("{SERVER_IP}:9000"));
     // Per core: the core holding the doomed tunnel checked it and closed it.
     let summary = nodes.b().wait_log("the re-check summary", |l| {
         l["closed"] == 1 && l["late_rejections"].as_u64().is_some()
@@ -327,10 +327,10 @@ fn dry_run_only_logs() {
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
     let line = nodes
         .b()
-        .wait_log("the dry-run report", |l| l["target"] == "authz");
+        .wait_log("the dry-run report", |l| l["scope"] == "authz");
     assert_eq!(line["policy"], "server-ns/deny-bob-dry", "{line}");
-    assert_eq!(line["src_identity"], BOB, "{line}");
-    assert_eq!(line["dst"], format!("{SERVER_IP}:9000"), "{line}");
+    assert_eq!(line["src.identity"], BOB, "{line}");
+    assert_eq!(line["dst.addr"], format!("{SERVER_IP}:9000"), "{line}");
     let message = line["message"]
         .as_str()
         .or(line["fields"]["message"].as_str())
@@ -353,7 +353,7 @@ fn unknown_sources_are_refused_unless_allowed() {
         r.as_ref().map_or(true, |s| s.is_empty()),
         "left before any config: {r:?}"
     );
-    let refusal = rw.wait_log("the refusal", |l| l["target"] == "access");
+    let refusal = rw.wait_log("the refusal", |l| l["scope"] == "access");
     assert!(
         error_of(&refusal).starts_with("refused: unknown source 127.0.0.1"),
         "{refusal}"
@@ -391,7 +391,7 @@ fn late_rejection_resets_plaintext_when_strict_arrives() {
         "expected a reset: {r:?}"
     );
     let closed = nodes.b().wait_log("the late rejection", |l| {
-        l["target"] == "access" && l["path"] == "inbound_passthrough" && !error_of(l).is_empty()
+        l["scope"] == "access" && l["path"] == "inbound_passthrough" && !error_of(l).is_empty()
     });
     assert_eq!(
         error_of(&closed),
@@ -408,7 +408,7 @@ fn a_tunnel_into_ringways_own_port_is_a_self_call() {
     let (_, out) = hbone_as(&nodes, ALICE, 15008);
     assert_eq!(out["status"][0], 400, "{out}");
     let refusal = nodes.b().wait_log("the refusal", |l| {
-        l["target"] == "access" && l["src_identity"] == ALICE
+        l["scope"] == "access" && l["src.identity"] == ALICE
     });
     assert!(error_of(&refusal).contains("self call"), "{refusal}");
 }

@@ -241,10 +241,10 @@ fn config_from_xds_deltas_and_control_plane_down() {
     });
     assert_eq!(via_hbone.unwrap(), "over-hbone");
     let hbone = rw.wait_log("the outbound HBONE connection", |l| {
-        l["target"] == "access" && l["route"] == "hbone" && l["path"] == "outbound"
+        l["scope"] == "access" && l["route"] == "hbone" && l["path"] == "outbound"
     });
     assert_eq!(
-        hbone["src_identity"],
+        hbone["src.identity"],
         "spiffe://cluster.local/ns/default/sa/client"
     );
 
@@ -352,7 +352,7 @@ fn pushed_policy_closes_a_live_tunnel() {
     spared.read_exact(&mut got).unwrap();
     assert_eq!(&got, b"alive");
     let closed = rw.wait_log("the late rejection", |l| {
-        l["target"] == "access"
+        l["scope"] == "access"
             && l["path"] == "inbound"
             && l["error"]
                 .as_str()

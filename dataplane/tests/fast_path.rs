@@ -69,15 +69,15 @@ fn a_workload_on_this_node_is_served_in_process_with_both_log_lines() {
     let inb = logs.iter().find(|l| l["path"] == "inbound").unwrap();
     assert_eq!(out["route"], "same_node", "{logs:#?}");
     assert_eq!(
-        out["upstream"],
+        out["dst.addr"],
         format!("{LOCAL_IP}:8080"),
         "no hop to 15008"
     );
-    assert_eq!(out["src_identity"], CLIENT_ID);
-    assert_eq!(out["dst_identity"], LOCAL_ID);
+    assert_eq!(out["src.identity"], CLIENT_ID);
+    assert_eq!(out["dst.identity"], LOCAL_ID);
     assert_eq!(out["hbone_conn"], 0, "no HBONE connection: {out}");
-    assert_eq!(inb["src_identity"], CLIENT_ID, "{logs:#?}");
-    assert_eq!(inb["bytes_received"], 9, "the client's bytes, seen inbound");
+    assert_eq!(inb["src.identity"], CLIENT_ID, "{logs:#?}");
+    assert_eq!(inb["bytes_recv"], 9, "the client's bytes, seen inbound");
     assert_eq!(inb["bytes_sent"], 9);
     assert_eq!(out["bytes_sent"], 9);
 }
@@ -119,7 +119,7 @@ fn without_the_fast_path_the_same_connection_takes_the_hbone_hop() {
     let logs = nodes.a().wait_access_logs(2);
     let out = logs.iter().find(|l| l["path"] == "outbound").unwrap();
     assert_eq!(out["route"], "hbone", "{logs:#?}");
-    assert_eq!(out["upstream"], format!("{LOCAL_IP}:15008"));
+    assert_eq!(out["dst.addr"], format!("{LOCAL_IP}:15008"));
 }
 
 #[test]

@@ -46,26 +46,40 @@ fn ringway_to_ringway_256mib_each_way() {
 
     let a = &nodes.a().wait_access_logs(1)[0];
     assert_eq!(a["route"], "hbone", "{a}");
-    assert_eq!(a["src_identity"], CLIENT_ID);
-    assert_eq!(a["dst_identity"], SERVER_ID);
+    assert_eq!(a["src.identity"], CLIENT_ID);
+    assert_eq!(a["dst.identity"], SERVER_ID);
     assert_eq!(a["bytes_sent"], size as u64);
-    assert_eq!(a["bytes_received"], size as u64);
+    assert_eq!(a["bytes_recv"], size as u64);
+    // ztunnel's names and meanings for an outbound tunnel.
+    assert_eq!(a["direction"], "outbound", "{a}");
+    assert_eq!(a["dst.addr"], format!("{SERVER_IP}:15008"), "{a}");
+    assert_eq!(a["dst.hbone_addr"], format!("{SERVER_IP}:8080"), "{a}");
+    assert_eq!(a["src.workload"], "client", "{a}");
+    assert_eq!(a["src.namespace"], "client-ns", "{a}");
+    assert_eq!(a["dst.workload"], "server", "{a}");
+    assert_eq!(a["dst.namespace"], "server-ns", "{a}");
+    assert_eq!(a["message"], "connection complete", "{a}");
+    assert_eq!(a["level"], "info", "{a}");
     let b_logs = nodes.b().wait_access_logs(1);
     let b = b_logs
         .iter()
         .find(|l| l["route"] == "hbone")
         .expect("stream log on node B");
     assert_eq!(
-        b["src_identity"], CLIENT_ID,
+        b["src.identity"], CLIENT_ID,
         "server saw the client's mTLS identity"
     );
-    assert_eq!(b["dst"], format!("{SERVER_IP}:8080"));
+    assert_eq!(b["dst.hbone_addr"], format!("{SERVER_IP}:8080"));
+    assert_eq!(b["dst.addr"], format!("{SERVER_IP}:15008"));
+    assert_eq!(b["direction"], "inbound", "{b}");
+    assert_eq!(b["src.workload"], "client", "derived from the peer: {b}");
+    assert_eq!(b["dst.identity"], SERVER_ID, "{b}");
     assert_eq!(
         b["trace"], a["trace"],
         "traceparent travels with the tunnel"
     );
     assert!(
-        b["src"].as_str().unwrap().starts_with(CLIENT_IP),
+        b["src.addr"].as_str().unwrap().starts_with(CLIENT_IP),
         "forwarded: for= carries the client: {b}"
     );
 }
@@ -212,7 +226,7 @@ fn python_h2_client_against_ringway_server() {
     let logs = nodes.b().wait_access_logs(8);
     assert!(logs
         .iter()
-        .any(|l| l["route"] == "hbone" && l["src_identity"] == CLIENT_ID));
+        .any(|l| l["route"] == "hbone" && l["src.identity"] == CLIENT_ID));
 }
 
 #[test]

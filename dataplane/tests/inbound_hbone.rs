@@ -71,10 +71,14 @@ fn a_hostname_authority_reaches_the_service_port_and_the_200_carries_baggage() {
     );
     let logs = nodes.b().wait_access_logs(1);
     assert_eq!(
-        logs[0]["upstream"],
+        logs[0]["dst.hbone_addr"],
         format!("{SERVER_IP}:8081"),
         "{logs:#?}"
     );
+    assert_eq!(logs[0]["dst.addr"], format!("{SERVER_IP}:15008"));
+    assert_eq!(logs[0]["dst.service"], WEB, "{logs:#?}");
+    assert_eq!(logs[0]["dst.workload"], "server", "{logs:#?}");
+    assert_eq!(logs[0]["direction"], "inbound", "{logs:#?}");
 
     // A hostname this workload serves no service for, or a port the
     // service lacks: 503, as in ztunnel.
@@ -112,7 +116,7 @@ fn a_workload_with_a_waypoint_takes_hbone_only_from_its_waypoint() {
     let logs = nodes.b().wait_access_logs(2);
     let refused = logs
         .iter()
-        .find(|l| l["src_identity"] == CLIENT_ID)
+        .find(|l| l["src.identity"] == CLIENT_ID)
         .unwrap_or_else(|| panic!("{logs:#?}"));
     assert!(
         refused["error"]

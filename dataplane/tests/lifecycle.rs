@@ -146,7 +146,7 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
     // A broken edit: logged, and the previous snapshot keeps routing.
     std::fs::write(&cfg, "workloads:\n- uid: [oops\n").unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !rw.logs().iter().any(|l| l["level"] == "ERROR") {
+    while !rw.logs().iter().any(|l| l["level"] == "error") {
         assert!(Instant::now() < deadline, "the bad edit was not reported");
         thread::sleep(Duration::from_millis(50));
     }
@@ -176,7 +176,7 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
     );
     let logs = rw.access_logs();
     assert!(
-        logs.iter().any(|l| l["dst"] == "127.0.0.6:9103"
+        logs.iter().any(|l| l["dst.addr"] == "127.0.0.6:9103"
             && l["error"]
                 .as_str()
                 .is_some_and(|e| e.contains("fail closed"))),

@@ -54,9 +54,9 @@ fn transfer_both_ways(mode: &str) {
     let logs = rw.wait_access_logs(1);
     let log = &logs[0];
     assert_eq!(log["path"], "outbound");
-    assert_eq!(log["dst"], "127.0.0.1:9001");
+    assert_eq!(log["dst.addr"], "127.0.0.1:9001");
     assert_eq!(log["bytes_sent"], size as u64);
-    assert_eq!(log["bytes_received"], size as u64);
+    assert_eq!(log["bytes_recv"], size as u64);
     assert_eq!(log["outcome"], "closed", "{log}");
 }
 
@@ -401,7 +401,7 @@ fn original_dst_across_veth_ipv4_and_ipv6() {
     let logs = rw.wait_access_logs(2);
     let dsts: Vec<_> = logs
         .iter()
-        .map(|l| l["dst"].as_str().unwrap().to_string())
+        .map(|l| l["dst.addr"].as_str().unwrap().to_string())
         .collect();
     assert!(dsts.contains(&"10.248.0.1:8080".to_string()), "{dsts:?}");
     assert!(dsts.contains(&"[fd00:248::1]:8080".to_string()), "{dsts:?}");
@@ -484,9 +484,9 @@ workloads:
     app_thread.join().unwrap();
     let log = &rw.wait_access_logs(1)[0];
     assert_eq!(log["path"], "inbound_passthrough");
-    assert_eq!(log["dst"], "10.249.0.2:8080");
+    assert_eq!(log["dst.addr"], "10.249.0.2:8080");
     assert!(
-        log["src"].as_str().unwrap().starts_with("10.249.0.1:"),
+        log["src.addr"].as_str().unwrap().starts_with("10.249.0.1:"),
         "{log}"
     );
     assert_eq!(log["outcome"], "closed");

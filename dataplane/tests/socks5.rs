@@ -189,14 +189,20 @@ fn connect_by_ipv4_and_ipv6() {
         assert_eq!(l["path"], "socks5", "{l}");
         assert_eq!(l["route"], "passthrough", "{l}");
         assert_eq!(l["outcome"], "closed", "{l}");
-        assert!(l["src"].as_str().unwrap().contains("127.0.0.1:"), "{l}");
+        assert!(
+            l["src.addr"].as_str().unwrap().contains("127.0.0.1:"),
+            "{l}"
+        );
     }
-    let dsts: Vec<&str> = logs.iter().map(|l| l["dst"].as_str().unwrap()).collect();
+    let dsts: Vec<&str> = logs
+        .iter()
+        .map(|l| l["dst.addr"].as_str().unwrap())
+        .collect();
     assert!(dsts.contains(&"127.0.0.1:9001"), "{dsts:?}");
     assert!(dsts.contains(&"[::1]:9002"), "{dsts:?}");
-    let v6 = logs.iter().find(|l| l["dst"] == "[::1]:9002").unwrap();
+    let v6 = logs.iter().find(|l| l["dst.addr"] == "[::1]:9002").unwrap();
     assert_eq!(v6["bytes_sent"], 7);
-    assert_eq!(v6["bytes_received"], 7);
+    assert_eq!(v6["bytes_recv"], 7);
 }
 
 const SERVICE_CONFIG: &str = r#"
@@ -248,8 +254,8 @@ fn connect_by_service_hostname() {
     let ok = logs.iter().find(|l| l["outcome"] == "closed").unwrap();
     assert_eq!(ok["path"], "socks5");
     assert_eq!(ok["route"], "service", "{ok}");
-    assert_eq!(ok["dst"], "127.10.0.1:80", "{ok}");
-    assert_eq!(ok["upstream"], "127.0.0.2:8080", "{ok}");
+    assert_eq!(ok["dst.service"], "echo.default.svc.cluster.local", "{ok}");
+    assert_eq!(ok["dst.addr"], "127.0.0.2:8080", "{ok}");
     let bad = logs.iter().find(|l| l["error"].is_string()).unwrap();
     assert!(
         bad["error"]
@@ -489,7 +495,7 @@ fn transfer_64mib_each_way_through_socks5() {
     let log = &rw.wait_access_logs(1)[0];
     assert_eq!(log["path"], "socks5");
     assert_eq!(log["bytes_sent"], size as u64);
-    assert_eq!(log["bytes_received"], size as u64);
+    assert_eq!(log["bytes_recv"], size as u64);
     assert_eq!(log["outcome"], "closed", "{log}");
 }
 
@@ -601,8 +607,8 @@ workloads:
         .expect("the tunnel's log");
     assert_eq!(ok["path"], "socks5");
     assert_eq!(ok["route"], "hbone", "{ok}");
-    assert_eq!(ok["src_identity"], CLIENT_ID, "{ok}");
-    assert_eq!(ok["dst_identity"], SERVER_ID, "{ok}");
+    assert_eq!(ok["src.identity"], CLIENT_ID, "{ok}");
+    assert_eq!(ok["dst.identity"], SERVER_ID, "{ok}");
     assert_eq!(ok["bytes_sent"], size as u64);
     assert!(logs.iter().any(|l| l["error"]
         .as_str()
@@ -611,7 +617,7 @@ workloads:
     assert!(
         b_logs
             .iter()
-            .any(|l| l["route"] == "hbone" && l["src_identity"] == CLIENT_ID),
+            .any(|l| l["route"] == "hbone" && l["src.identity"] == CLIENT_ID),
         "{b_logs:#?}"
     );
 }
@@ -662,7 +668,7 @@ workloads:
             let logs = rw.wait_access_logs(2);
             let inbound = logs.iter().find(|l| l["path"] == "inbound").unwrap();
             assert_eq!(
-                inbound["src_identity"], "spiffe://cluster.local/ns/shop/sa/cart-sa",
+                inbound["src.identity"], "spiffe://cluster.local/ns/shop/sa/cart-sa",
                 "{logs:#?}"
             );
             let outbound = logs.iter().find(|l| l["path"] == "socks5").unwrap();

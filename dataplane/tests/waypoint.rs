@@ -123,9 +123,9 @@ fn a_service_with_a_waypoint_is_tunnelled_to_it_with_the_vip_as_authority() {
     );
     let logs = nodes.a().wait_access_logs(1);
     assert_eq!(logs[0]["route"], "service_waypoint", "{logs:#?}");
-    assert_eq!(logs[0]["dst_identity"], WAYPOINT_ID, "{logs:#?}");
+    assert_eq!(logs[0]["dst.identity"], WAYPOINT_ID, "{logs:#?}");
     assert_eq!(
-        logs[0]["upstream"],
+        logs[0]["dst.addr"],
         format!("{WAYPOINT_IP}:15008"),
         "{logs:#?}"
     );
@@ -147,7 +147,7 @@ fn a_workload_with_a_waypoint_is_tunnelled_to_it_when_addressed_directly() {
     assert_eq!(seen[0]["authority"], format!("{SERVER_IP}:9443"));
     let logs = nodes.a().wait_access_logs(1);
     assert_eq!(logs[0]["route"], "workload_waypoint", "{logs:#?}");
-    assert_eq!(logs[0]["dst_identity"], WAYPOINT_ID, "{logs:#?}");
+    assert_eq!(logs[0]["dst.identity"], WAYPOINT_ID, "{logs:#?}");
 }
 
 #[test]

@@ -628,6 +628,12 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
         zt.log(),
     );
     for (p, (r, z)) in probes.iter().zip(&verdicts) {
+        if r == z {
+            if let Err(why) = same_access_log(p, &rw_log, &zt_text) {
+                mismatches += 1;
+                table += &format!("  {p}: access logs differ: {why}\n");
+            }
+        }
         let differ = r != z;
         table += &format!(
             "  {:<36} {:<14} {z}{}\n",
@@ -653,6 +659,143 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
         mismatches,
         all_allowed: verdicts.iter().all(|(r, z)| r.allowed() && z.allowed()),
     }
+}
+
+/// The access-log fields both proxies must write alike for a probe (the
+/// source port, times and error wording may differ).
+const SAME_FIELDS: [&str; 10] = [
+    "level",
+    "message",
+    "src.identity",
+    "dst.hbone_addr",
+    "dst.workload",
+    "dst.namespace",
+    "dst.identity",
+    "direction",
+    "bytes_sent",
+    "bytes_recv",
+];
+
+/// ztunnel's text access line as fields: `time\tlevel\tscope\tmessage\t
+/// key=value key="quoted" ...`; None for other lines.
+fn ztunnel_access(line: &str) -> Option<BTreeMap<String, String>> {
+    let parts: Vec<&str> = line.splitn(5, '\t').collect();
+    if parts.len() < 4 || parts[2] != "access" {
+        return None;
+    }
+    let mut fields = BTreeMap::new();
+    fields.insert("level".into(), parts[1].to_string());
+    fields.insert("message".into(), parts[3].to_string());
+    let mut rest = parts.get(4).copied().unwrap_or("");
+    while let Some((key, after)) = rest.trim_start().split_once('=') {
+        let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+            // Up to the closing quote that is not escaped.
+            let mut end = 0;
+            let bytes = quoted.as_bytes();
+            while end < bytes.len()
+                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
+            {
+                end += 1;
+            }
+            (
+                quoted[..end].to_string(),
+                quoted.get(end + 1..).unwrap_or(""),
+            )
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        fields.insert(key.trim().to_string(), value);
+        rest = next;
+    }
+    Some(fields)
+}
+
+/// ringway's JSON access line as fields (numbers as text).
+fn ringway_access(line: &str) -> Option<BTreeMap<String, String>> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    if v["scope"] != "access" {
+        return None;
+    }
+    let obj = v.as_object()?;
+    Some(
+        obj.iter()
+            .map(|(k, v)| {
+                let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                (k.clone(), text)
+            })
+            .collect(),
+    )
+}
+
+/// Both proxies wrote one access line for the probe, with ztunnel's field
+/// names: every field ztunnel wrote is in ringway's line, the same for
+/// [`SAME_FIELDS`], and an `error` on both or neither.
+fn same_access_log(p: &Probe, rw_log: &str, zt_log: &str) -> Result<(), String> {
+    let rw: Vec<_> = rw_log
+        .lines()
+        .filter(|l| p.related(l))
+        .filter_map(ringway_access)
+        .filter(|f| f.get("level").is_some_and(|l| l != "debug"))
+        .collect();
+    let zt: Vec<_> = zt_log
+        .lines()
+        .filter(|l| p.related(l))
+        .filter_map(ztunnel_access)
+        .collect();
+    let (r, z) = match (rw.as_slice(), zt.as_slice()) {
+        ([r], [z]) => (r, z),
+        _ => {
+            return Err(format!(
+                "{} ringway and {} ztunnel lines: {rw:?} / {zt:?}",
+                rw.len(),
+                zt.len()
+            ))
+        }
+    };
+    let mut why = vec![];
+    for key in z.keys().filter(|k| !r.contains_key(*k)) {
+        why.push(format!("ringway lacks {key}"));
+    }
+    for key in SAME_FIELDS {
+        if r.get(key) != z.get(key) && z.contains_key(key) {
+            why.push(format!(
+                "{key}: ringway {:?}, ztunnel {:?}",
+                r.get(key),
+                z.get(key)
+            ));
+        }
+    }
+    if r.contains_key("error") != z.contains_key("error") {
+        why.push(format!(
+            "error: ringway {:?}, ztunnel {:?}",
+            r.get("error"),
+            z.get("error")
+        ));
+    }
+    if why.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}\n    ringway: {r:?}\n    ztunnel: {z:?}",
+            why.join("; ")
+        ))
+    }
+}
+
+#[test]
+fn ztunnel_access_lines_parse() {
+    let line = "2026-12-01T15:18:58.036751Z\terror\taccess\tconnection complete\t\
+        src.addr=10.77.0.1:51948 src.identity=\"spiffe://cluster.local/ns/b/sa/bob\" \
+        bytes_sent=0 error=\"denied: \\\"x\\\" by: srv/deny\"";
+    let f = ztunnel_access(line).unwrap();
+    assert_eq!(f["level"], "error");
+    assert_eq!(f["message"], "connection complete");
+    assert_eq!(f["src.addr"], "10.77.0.1:51948");
+    assert_eq!(f["src.identity"], "spiffe://cluster.local/ns/b/sa/bob");
+    assert_eq!(f["bytes_sent"], "0");
+    assert_eq!(f["error"], "denied: \\\"x\\\" by: srv/deny");
+    assert!(ztunnel_access("2026\tinfo\tapp\tstarted").is_none());
 }
 
 fn indent(text: &str) -> String {

@@ -239,11 +239,17 @@ pub fn forwarded(client: SocketAddr, host: Option<&str>) -> String {
 
 /// Extracts the `for=` address from a `forwarded` header, if present.
 pub fn parse_forwarded_for(value: &str) -> Option<String> {
+    forwarded_param(value, "for").map(str::to_owned)
+}
+
+/// The value of parameter `name` (`for`, `host`) in a `forwarded` header,
+/// unquoted.
+pub fn forwarded_param<'a>(value: &'a str, name: &str) -> Option<&'a str> {
     value.split([';', ',']).find_map(|part| {
         let (k, v) = part.trim().split_once('=')?;
         k.trim()
-            .eq_ignore_ascii_case("for")
-            .then(|| v.trim().trim_matches('"').to_string())
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().trim_matches('"'))
     })
 }
 
@@ -350,6 +356,12 @@ mod tests {
             "10.0.1.5:41234"
         );
         assert_eq!(parse_forwarded_for("host=x"), None);
+        let both = "for=\"10.0.1.5:41234\";host=server.b.svc.cluster.local";
+        assert_eq!(
+            forwarded_param(both, "host"),
+            Some("server.b.svc.cluster.local")
+        );
+        assert_eq!(forwarded_param("for=1.2.3.4:5", "host"), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use ringway_controlplane::model::routing::inbound_service_port;
 use crate::authorization::{self, Inbound, Refused, Ticket};
 
 use super::{pump, with_timeout, PumpOutcome};
-use crate::accesslog::ConnLog;
+use crate::accesslog::{ConnLog, Names};
 use crate::listeners::TrafficPath;
 use crate::runtime::{spawn_cancellable, CoreInputs};
 use crate::socket;
@@ -159,12 +159,12 @@ fn admit(
     log.src_identity = Some(peer.to_string());
     // The original client as `forwarded` names it, else the tunnel's peer.
     let headers = request.headers();
-    log.src = headers
-        .get("forwarded")
-        .and_then(|v| v.to_str().ok())
-        .and_then(super::parse_forwarded_for)
+    let forwarded = headers.get("forwarded").and_then(|v| v.to_str().ok());
+    log.src = forwarded
+        .and_then(|f| super::forwarded_param(f, "for"))
         .and_then(|a| a.parse().ok())
         .or(Some(conn_src));
+    log.dst = Some(conn_dst);
     if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
         if super::valid_traceparent(t) {
             log.trace = Some(t.to_string());
@@ -185,7 +185,25 @@ fn admit(
             return refused(log, format!("{}: {why}", status.as_u16()));
         }
     };
-    log.dst = Some(target);
+    log.hbone_addr = Some(target);
+    // For the log: the dialled service (`forwarded`'s `host=`, else a
+    // hostname authority), the workload behind the tunnel's peer address
+    // when it holds the peer's identity (as ztunnel derives the source),
+    // and the destination workload.
+    let service = forwarded
+        .and_then(|f| super::forwarded_param(f, "host"))
+        .or_else(|| request.uri().authority().map(|a| a.host()))
+        .filter(|h| h.parse::<IpAddr>().is_err() && !h.starts_with('['));
+    let source = snapshot
+        .workload_by_addr(&core.cfg.network, conn_src.ip())
+        .filter(|w| {
+            w.trust_domain == peer.trust_domain
+                && w.namespace == peer.namespace
+                && w.service_account == peer.service_account
+        });
+    let destination = authorization::local_workload(&snapshot, &core.cfg, target.ip());
+    log.names = Names::new(source.map(|w| &**w), destination.map(|w| &**w), service);
+    log.dst_identity = destination.map(|w| w.spiffe_id());
     // A tunnel into ringway's own listeners (say pod:15008) would only
     // come back here: refused, as ztunnel refuses it.
     if core.self_addrs.ports.contains(&target.port()) {
@@ -287,15 +305,15 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
 ///
 /// Not an `async fn`: an async fn keeps its arguments twice (as passed, and
 /// moved into its body), and this future lives as long as the tunnel.
+#[allow(clippy::manual_async_fn)] // deliberate: see above
 fn tunnel(
     core: Rc<CoreInputs>,
     (target, from): (SocketAddr, Option<IpAddr>),
     respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
-    mut log: ConnLog,
+    log: ConnLog,
     ticket: Ticket,
 ) -> impl std::future::Future<Output = ()> {
-    log.upstream = Some(target);
     async move {
         let log = &log;
         let carried = carry(&core, (target, from), respond, recv, log);
@@ -350,14 +368,13 @@ async fn carry(
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };
-    // Received from the tunnel = sent by the remote client.
     let outcome = Box::pin(pump(
         &core.poller,
         upstream.as_raw_fd(),
         send,
         recv,
-        &log.received,
-        &log.sent,
+        &log.to_client,
+        &log.from_client,
     ))
     .await;
     match outcome {

@@ -294,11 +294,11 @@ impl Ringway {
         read_json_lines(&self.log_path)
     }
 
-    /// Access-log lines (target "access").
+    /// Access-log lines (scope "access").
     pub fn access_logs(&self) -> Vec<serde_json::Value> {
         self.logs()
             .into_iter()
-            .filter(|v| v["target"] == "access")
+            .filter(|v| v["scope"] == "access")
             .collect()
     }
 

@@ -54,20 +54,6 @@ pub enum SnapshotError {
         first: usize,
         second: usize,
     },
-    /// `second` is the workload refused.
-    #[error(
-        "workload #{second} (uid {second_uid:?}) claims address {ip} on network {network:?}, \
-         already claimed by {} (uid {first_uid:?})",
-        Item("workload", *.first)
-    )]
-    DuplicateWorkloadAddress {
-        network: String,
-        ip: IpAddr,
-        first: Option<usize>,
-        first_uid: String,
-        second: usize,
-        second_uid: String,
-    },
     /// `second` is the service refused.
     #[error(
         "service #{second} ({second_key:?}) claims VIP {ip} on network {network:?}, \
@@ -81,23 +67,6 @@ pub enum SnapshotError {
         first_key: String,
         second: usize,
         second_key: String,
-    },
-    /// Whichever of the two was being added is refused: the service in
-    /// [`Snapshot::new`]; in a delta, the upserted one (workloads go first,
-    /// so a service when both are upserted).
-    #[error(
-        "{} ({service_key:?}) has VIP {ip} on network {network:?}, which is the address of \
-         {} (uid {workload_uid:?})",
-        Item("service", *.service),
-        Item("workload", *.workload)
-    )]
-    VipIsWorkloadAddress {
-        network: String,
-        ip: IpAddr,
-        service: Option<usize>,
-        service_key: String,
-        workload: Option<usize>,
-        workload_uid: String,
     },
 }
 
@@ -165,6 +134,12 @@ pub struct Snapshot {
     /// Network → ip → workload. Nested so that the per-IP probe compares
     /// inline IPs only, never a string behind a pointer.
     workloads_by_addr: ByNetwork<AddrEntry>,
+    /// Addresses that several workloads claim (IP reuse, WorkloadEntries
+    /// mirroring pods): every holder, oldest first. As in ztunnel, the one
+    /// configured last answers lookups whatever its health or kind (checked
+    /// against ztunnel); when it goes, the next newest does. Rare, so kept
+    /// apart from the per-IP index the data path probes.
+    shared_addrs: Arc<SharedAddrs>,
     /// Network → ip → service.
     services_by_vip: ByNetwork<VipEntry>,
     /// Every CIDR VIP, longest prefix first; rebuilt when a service with
@@ -195,8 +170,7 @@ impl Snapshot {
 
     /// Validates and indexes; the first problem fails the whole set.
     /// Host-network workloads share the node's IP, so (as in ztunnel) they
-    /// are reachable by uid but not by address and take part in neither
-    /// address check. Same result as [`apply`](Self::apply)ing everything to
+    /// are reachable by uid but not by address. Same result as [`apply`](Self::apply)ing everything to
     /// an empty snapshot.
     pub fn new(
         workloads: Vec<Workload>,
@@ -229,12 +203,12 @@ impl Snapshot {
     /// Order: removals first (so a name both removed and upserted ends up
     /// upserted), then workload, service and policy upserts in list order,
     /// each checked against the state so far. A name upserted twice keeps
-    /// its first occurrence; the others are rejected. An upsert that only
-    /// conflicts with the previous version of an item this delta also
-    /// upserts (say a pod IP handed from one pod to another) waits until
-    /// that item has been applied, then is checked again. Still refused: a
-    /// cycle (two items trading addresses in one delta), and an item waiting
-    /// on one that is refused.
+    /// its first occurrence; the others are rejected. Workloads may share
+    /// addresses (the newest answers, see `shared_addrs`). A service whose
+    /// VIP only conflicts with the previous version of a service this delta
+    /// also upserts waits until that one has been applied, then is checked
+    /// again. Still refused: a cycle (two services trading VIPs in one
+    /// delta), and a service waiting on one that is refused.
     ///
     /// Cost: proportional to the delta (plus the endpoint lists of the
     /// services it touches), not to the snapshot.
@@ -435,6 +409,9 @@ fn remove_addr<T: Keyed + Clone>(
     }
 }
 
+/// (network, IP) → every workload holding it, oldest first.
+type SharedAddrs = HashMap<(String, IpAddr), Vec<Arc<Workload>>, Hasher>;
+
 /// One address of a workload, keyed by IP within its network's table.
 #[derive(Clone, PartialEq)]
 struct AddrEntry {
@@ -561,6 +538,8 @@ fn apply(
             if !matches!(wl_status[i], Status::Pending | Status::Deferred) {
                 continue;
             }
+            // Several workloads may hold one address (see `shared_addrs`):
+            // only a repeated uid is refused.
             let verdict = if wl_pos[w.uid.as_str()] != i {
                 Verdict::Refuse(SnapshotError::DuplicateWorkloadUid {
                     uid: w.uid.clone(),
@@ -568,7 +547,7 @@ fn apply(
                     second: i,
                 })
             } else {
-                b.check_workload(w, i, &wl_pos, &wl_status, &sv_pos, &sv_status)
+                Verdict::Ok
             };
             match verdict {
                 Verdict::Ok => {
@@ -600,7 +579,7 @@ fn apply(
                     second: j,
                 })
             } else {
-                b.check_service(s, key, j, &wl_pos, &wl_status, &sv_pos, &sv_status)
+                b.check_service(s, key, j, &sv_pos, &sv_status)
             };
             match verdict {
                 Verdict::Ok => {
@@ -719,100 +698,36 @@ impl Builder {
         }
     }
 
-    fn check_workload(
-        &self,
-        w: &Workload,
-        i: usize,
-        wl_pos: &PosMap<'_>,
-        wl_status: &[Status],
-        sv_pos: &PosMap<'_>,
-        sv_status: &[Status],
-    ) -> Verdict {
-        if w.network_mode == NetworkMode::HostNetwork {
-            return Verdict::Ok;
-        }
-        let mut wait = None;
-        for &ip in &w.addresses {
-            let verdict = if let Some(other) = self.next.workload_by_addr(&w.network, ip) {
-                if other.uid == w.uid {
-                    continue; // its own previous version
-                }
-                Self::holder_verdict(wl_pos, wl_status, &other.uid, |first| {
-                    SnapshotError::DuplicateWorkloadAddress {
-                        network: w.network.clone(),
-                        ip,
-                        first,
-                        first_uid: other.uid.clone(),
-                        second: i,
-                        second_uid: w.uid.clone(),
-                    }
-                })
-            } else if let Some(svc) = self.next.service_by_vip(&w.network, ip) {
-                let key = svc.key();
-                Self::holder_verdict(sv_pos, sv_status, &key, |service| {
-                    SnapshotError::VipIsWorkloadAddress {
-                        network: w.network.clone(),
-                        ip,
-                        service,
-                        service_key: key.clone(),
-                        workload: Some(i),
-                        workload_uid: w.uid.clone(),
-                    }
-                })
-            } else {
-                continue;
-            };
-            match verdict {
-                Verdict::Refuse(e) => return Verdict::Refuse(e),
-                Verdict::Wait(e) => wait = wait.or(Some(e)),
-                Verdict::Ok => {}
-            }
-        }
-        wait.map_or(Verdict::Ok, Verdict::Wait)
-    }
-
-    #[allow(clippy::too_many_arguments)]
+    /// A service's VIPs must be its own: another service holding one is
+    /// refused (or waited for, if this delta moves it). A VIP may equal a
+    /// workload's address, as in ztunnel: the service is found first.
     fn check_service(
         &self,
         s: &Service,
         key: &str,
         j: usize,
-        wl_pos: &PosMap<'_>,
-        wl_status: &[Status],
         sv_pos: &PosMap<'_>,
         sv_status: &[Status],
     ) -> Verdict {
         let mut wait = None;
         for vip in &s.vips {
-            let verdict = if let Some(w) = self.next.workload_by_addr(&vip.network, vip.ip) {
-                Self::holder_verdict(wl_pos, wl_status, &w.uid, |workload| {
-                    SnapshotError::VipIsWorkloadAddress {
-                        network: vip.network.clone(),
-                        ip: vip.ip,
-                        service: Some(j),
-                        service_key: key.to_owned(),
-                        workload,
-                        workload_uid: w.uid.clone(),
-                    }
-                })
-            } else if let Some(other) = self.next.service_by_vip(&vip.network, vip.ip) {
-                if other.namespace == s.namespace && other.hostname == s.hostname {
-                    continue; // its own previous version, or listed twice
-                }
-                let other_key = other.key();
-                Self::holder_verdict(sv_pos, sv_status, &other_key, |first| {
-                    SnapshotError::DuplicateServiceVip {
-                        network: vip.network.clone(),
-                        ip: vip.ip,
-                        first,
-                        first_key: other_key.clone(),
-                        second: j,
-                        second_key: key.to_owned(),
-                    }
-                })
-            } else {
+            let Some(other) = self.next.service_by_vip(&vip.network, vip.ip) else {
                 continue;
             };
+            if other.namespace == s.namespace && other.hostname == s.hostname {
+                continue; // its own previous version, or listed twice
+            }
+            let other_key = other.key();
+            let verdict = Self::holder_verdict(sv_pos, sv_status, &other_key, |first| {
+                SnapshotError::DuplicateServiceVip {
+                    network: vip.network.clone(),
+                    ip: vip.ip,
+                    first,
+                    first_key: other_key.clone(),
+                    second: j,
+                    second_key: key.to_owned(),
+                }
+            });
             match verdict {
                 Verdict::Refuse(e) => return Verdict::Refuse(e),
                 Verdict::Wait(e) => wait = wait.or(Some(e)),
@@ -822,6 +737,9 @@ impl Builder {
         wait.map_or(Verdict::Ok, Verdict::Wait)
     }
 
+    /// Indexes `w` by its addresses. An address another workload holds
+    /// is shared: both are kept (in `shared_addrs`, oldest first) and the
+    /// newest, `w`, answers lookups.
     fn put_workload(&mut self, w: Arc<Workload>) {
         if let Some(old) = self.next.workloads.insert(w.clone()) {
             self.unindex_workload(old);
@@ -829,10 +747,21 @@ impl Builder {
         if w.network_mode != NetworkMode::HostNetwork && !w.addresses.is_empty() {
             let t = network_mut(&mut self.next.workloads_by_addr, &w.network);
             for &ip in &w.addresses {
-                t.insert(AddrEntry {
+                let entry = AddrEntry {
                     ip,
                     workload: w.clone(),
-                });
+                };
+                let Some(held) = t.insert(entry) else {
+                    continue;
+                };
+                if Arc::ptr_eq(&held.workload, &w) {
+                    continue; // listed twice by `w`
+                }
+                let shared = Arc::make_mut(&mut self.next.shared_addrs);
+                shared
+                    .entry((w.network.clone(), ip))
+                    .or_insert_with(|| vec![held.workload])
+                    .push(w.clone());
             }
         }
         self.changed_workloads.push(w);
@@ -845,11 +774,31 @@ impl Builder {
         }
     }
 
+    /// Takes `old` out of the address index; where it shared an address,
+    /// the newest remaining holder answers for it.
     fn unindex_workload(&mut self, old: Arc<Workload>) {
         if old.network_mode != NetworkMode::HostNetwork {
             for &ip in &old.addresses {
-                remove_addr(&mut self.next.workloads_by_addr, &old.network, ip, |e| {
-                    e.ip == ip && Arc::ptr_eq(&e.workload, &old)
+                let key = (old.network.clone(), ip);
+                if !self.next.shared_addrs.contains_key(&key) {
+                    remove_addr(&mut self.next.workloads_by_addr, &old.network, ip, |e| {
+                        e.ip == ip && Arc::ptr_eq(&e.workload, &old)
+                    });
+                    continue;
+                }
+                let shared = Arc::make_mut(&mut self.next.shared_addrs);
+                let holders = shared.get_mut(&key).expect("checked above");
+                holders.retain(|h| !Arc::ptr_eq(h, &old));
+                let newest = holders
+                    .last()
+                    .cloned()
+                    .expect("a shared address has holders");
+                if holders.len() < 2 {
+                    shared.remove(&key);
+                }
+                network_mut(&mut self.next.workloads_by_addr, &old.network).insert(AddrEntry {
+                    ip,
+                    workload: newest,
                 });
             }
         }

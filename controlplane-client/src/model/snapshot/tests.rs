@@ -264,31 +264,68 @@ fn rejects_duplicate_uid() {
 }
 
 #[test]
-fn rejects_shared_workload_address_on_same_network_only() {
-    let err = Snapshot::new(
+fn a_shared_address_keeps_every_holder_and_the_newest_answers() {
+    // As ztunnel (checked against it): the workload configured last
+    // answers for a shared address, whatever its health or kind.
+    let s = Snapshot::new(
         vec![
             workload("a", "", &["10.0.0.1"], &[]),
             workload("b", "", &["10.0.0.2", "10.0.0.1"], &[]),
+            workload("other-net", "n2", &["10.0.0.1"], &[]),
         ],
-        vec![],
-        vec![],
-    )
-    .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "workload #1 (uid \"b\") claims address 10.0.0.1 on network \"\", \
-         already claimed by workload #0 (uid \"a\")"
-    );
-    // Same IP on another network, or repeated by one workload: fine.
-    Snapshot::new(
-        vec![
-            workload("a", "", &["10.0.0.1", "10.0.0.1"], &[]),
-            workload("b", "n2", &["10.0.0.1"], &[]),
-        ],
-        vec![],
+        vec![service("default", "on-pod.local", &[("", "10.0.0.2")])],
         vec![],
     )
     .unwrap();
+    let at = |s: &Snapshot, net: &str, addr: &str| {
+        s.workload_by_addr(net, ip(addr)).map(|w| w.uid.clone())
+    };
+    assert_eq!(at(&s, "", "10.0.0.1").as_deref(), Some("b"));
+    assert_eq!(at(&s, "n2", "10.0.0.1").as_deref(), Some("other-net"));
+    assert!(s.workload_by_uid("a").is_some());
+    // A VIP may be a workload's address: each lookup finds its own.
+    assert_eq!(at(&s, "", "10.0.0.2").as_deref(), Some("b"));
+    assert_eq!(
+        s.service_by_vip("", ip("10.0.0.2")).unwrap().hostname,
+        "on-pod.local"
+    );
+    assert_snapshot_consistent(&s);
+
+    // A newer, unhealthy claimant answers; an update makes "a" the newest.
+    let mut unhealthy = workload("c", "", &["10.0.0.1"], &[]);
+    unhealthy.status = WorkloadStatus::Unhealthy;
+    let out = s.apply(SnapshotDelta {
+        upsert_workloads: vec![unhealthy],
+        ..SnapshotDelta::default()
+    });
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    assert_eq!(at(&out.snapshot, "", "10.0.0.1").as_deref(), Some("c"));
+    let s = out.snapshot.apply(SnapshotDelta {
+        upsert_workloads: vec![workload("a", "", &["10.0.0.1"], &[])],
+        ..SnapshotDelta::default()
+    });
+    let s = s.snapshot;
+    assert_eq!(at(&s, "", "10.0.0.1").as_deref(), Some("a"));
+    assert_snapshot_consistent(&s);
+
+    // Holders leave newest first, then oldest: the next newest answers
+    // each time, and the address goes with the last one.
+    let remove = |s: &Snapshot, uid: &str| {
+        s.apply(SnapshotDelta {
+            remove_workloads: vec![uid.into()],
+            ..SnapshotDelta::default()
+        })
+        .snapshot
+    };
+    let s = remove(&s, "a");
+    assert_eq!(at(&s, "", "10.0.0.1").as_deref(), Some("c"));
+    let s = remove(&s, "b");
+    assert_eq!(at(&s, "", "10.0.0.1").as_deref(), Some("c"));
+    assert!(at(&s, "", "10.0.0.2").is_none());
+    let s = remove(&s, "c");
+    assert!(at(&s, "", "10.0.0.1").is_none());
+    assert!(s.shared_addrs.is_empty());
+    assert_snapshot_consistent(&s);
 }
 
 #[test]
@@ -335,25 +372,6 @@ fn rejects_duplicate_service_and_policy_keys() {
 
 #[test]
 fn rejects_vip_conflicts() {
-    let err = Snapshot::new(
-        vec![workload("a", "", &["10.0.0.1"], &[])],
-        vec![service("default", "web.local", &[("", "10.0.0.1")])],
-        vec![],
-    )
-    .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "service #0 (\"default/web.local\") has VIP 10.0.0.1 on network \"\", which is \
-         the address of workload #0 (uid \"a\")"
-    );
-    // Other network: no conflict.
-    Snapshot::new(
-        vec![workload("a", "", &["10.0.0.1"], &[])],
-        vec![service("default", "web.local", &[("n2", "10.0.0.1")])],
-        vec![],
-    )
-    .unwrap();
-
     let err = Snapshot::new(
         vec![],
         vec![
@@ -520,19 +538,11 @@ fn conflicting_items_are_rejected_and_the_rest_applies() {
         upsert_policies: vec![policy("default", "p"), policy("default", "p")],
         ..SnapshotDelta::default()
     });
+    // Only true conflicts are refused: a repeated uid, a VIP another
+    // service holds, a repeated policy key. Shared addresses are kept.
     assert_eq!(
         names(&out.rejected),
-        [
-            "steals-b",
-            "on-vip",
-            "a",
-            "y",
-            "good",
-            "default/vip-on-pod.local",
-            "default/vip-taken.local",
-            "default/vip-on-new-pod.local",
-            "default/p",
-        ]
+        ["good", "default/vip-taken.local", "default/p"]
     );
     let err = |name: &str| {
         out.rejected
@@ -543,43 +553,6 @@ fn conflicting_items_are_rejected_and_the_rest_applies() {
             .clone()
     };
     assert_eq!(
-        err("steals-b"),
-        SnapshotError::DuplicateWorkloadAddress {
-            network: "".into(),
-            ip: ip("10.0.0.2"),
-            first: None,
-            first_uid: "b".into(),
-            second: 1,
-            second_uid: "steals-b".into(),
-        }
-    );
-    assert_eq!(
-        err("steals-b").to_string(),
-        "workload #1 (uid \"steals-b\") claims address 10.0.0.2 on network \"\", \
-         already claimed by existing workload (uid \"b\")"
-    );
-    assert_eq!(
-        err("on-vip").to_string(),
-        "existing service (\"default/db.local\") has VIP 10.96.0.2 on network \"\", which is \
-         the address of workload #2 (uid \"on-vip\")"
-    );
-    assert_eq!(
-        err("a").to_string(),
-        "workload #3 (uid \"a\") claims address 10.0.0.9 on network \"\", already claimed by \
-         existing workload (uid \"orphan\")"
-    );
-    assert_eq!(
-        err("y"),
-        SnapshotError::DuplicateWorkloadAddress {
-            network: "".into(),
-            ip: ip("10.0.0.60"),
-            first: Some(4),
-            first_uid: "x".into(),
-            second: 5,
-            second_uid: "y".into(),
-        }
-    );
-    assert_eq!(
         err("good"),
         SnapshotError::DuplicateWorkloadUid {
             uid: "good".into(),
@@ -587,23 +560,10 @@ fn conflicting_items_are_rejected_and_the_rest_applies() {
             second: 6
         }
     );
-    assert!(matches!(
-        err("default/vip-on-pod.local"),
-        SnapshotError::VipIsWorkloadAddress {
-            service: Some(0),
-            workload: None,
-            ..
-        }
-    ));
     assert_eq!(
         err("default/vip-taken.local").to_string(),
         "service #1 (\"default/vip-taken.local\") claims VIP 10.96.0.2 on network \"\", \
          already claimed by existing service (\"default/db.local\")"
-    );
-    assert_eq!(
-        err("default/vip-on-new-pod.local").to_string(),
-        "service #2 (\"default/vip-on-new-pod.local\") has VIP 10.0.0.50 on network \"\", \
-         which is the address of workload #0 (uid \"good\")"
     );
     assert!(matches!(
         err("default/p"),
@@ -615,31 +575,36 @@ fn conflicting_items_are_rejected_and_the_rest_applies() {
     ));
 
     let s = &out.snapshot;
-    // The good ones applied, the first occurrence of a duplicate included.
-    assert_eq!(s.workload_by_addr("", ip("10.0.0.50")).unwrap().uid, "good");
-    assert!(s.workload_by_addr("", ip("10.0.0.70")).is_none());
-    assert_eq!(s.workload_by_addr("", ip("10.0.0.60")).unwrap().uid, "x");
-    assert_eq!(uids(s.endpoints("default/web.local")), ["a", "b", "good"]);
-    assert_eq!(
-        s.service_by_vip("", ip("10.96.0.9")).unwrap().hostname,
-        "fine.local"
-    );
-    assert!(s.policy("default/p").is_some());
-    // The refused ones changed nothing.
-    assert!(s.workload_by_uid("steals-b").is_none());
-    assert!(s.workload_by_addr("", ip("10.0.0.51")).is_none());
-    assert_eq!(s.workload_by_addr("", ip("10.0.0.2")).unwrap().uid, "b");
-    assert_eq!(s.workload_by_addr("", ip("10.0.0.1")).unwrap().uid, "a");
-    assert_eq!(
-        s.workload_by_addr("", ip("10.0.0.9")).unwrap().uid,
-        "orphan"
-    );
+    let at = |addr: &str| s.workload_by_addr("", ip(addr)).map(|w| w.uid.as_str());
+    // The first occurrence of a duplicate applied.
+    assert_eq!(at("10.0.0.50"), Some("good"));
+    assert_eq!(at("10.0.0.70"), None);
+    // Shared addresses: the newest holder answers, the others stay.
+    assert_eq!(at("10.0.0.60"), Some("y"));
+    assert_eq!(at("10.0.0.2"), Some("steals-b"));
+    assert_eq!(at("10.0.0.51"), Some("steals-b"));
+    assert_eq!(at("10.0.0.9"), Some("a"));
+    assert!(s.workload_by_uid("b").is_some() && s.workload_by_uid("x").is_some());
+    assert!(s.workload_by_uid("orphan").is_some());
+    // "a" moved: its old address is free.
+    assert_eq!(at("10.0.0.1"), None);
+    // A workload on a VIP, and VIPs on workloads: both kept.
+    assert_eq!(at("10.96.0.2"), Some("on-vip"));
     assert_eq!(
         s.service_by_vip("", ip("10.96.0.2")).unwrap().hostname,
         "db.local"
     );
+    for (vip, host) in [
+        ("10.0.0.9", "vip-on-pod.local"),
+        ("10.0.0.50", "vip-on-new-pod.local"),
+        ("10.96.0.9", "fine.local"),
+    ] {
+        assert_eq!(s.service_by_vip("", ip(vip)).unwrap().hostname, host);
+    }
     assert!(s.service_by_key("default/vip-taken.local").is_none());
+    assert_eq!(uids(s.endpoints("default/web.local")), ["b", "good"]);
     assert_eq!(uids(s.endpoints("default/missing.local")), ["orphan"]);
+    assert!(s.policy("default/p").is_some());
     assert_snapshot_consistent(s);
 }
 
@@ -677,7 +642,7 @@ fn addresses_can_change_hands_within_one_delta() {
     );
     assert_snapshot_consistent(s);
 
-    // A straight swap in one delta is a cycle: both refused, nothing moves.
+    // A straight swap in one delta: each takes the other's address.
     let out = s.apply(SnapshotDelta {
         upsert_workloads: vec![
             workload("c", "", &["10.0.0.2"], &[]),
@@ -685,31 +650,15 @@ fn addresses_can_change_hands_within_one_delta() {
         ],
         ..SnapshotDelta::default()
     });
-    assert_eq!(names(&out.rejected), ["c", "d"]);
-    assert!(matches!(
-        out.rejected[0].error,
-        SnapshotError::DuplicateWorkloadAddress { first: None, .. }
-    ));
-    assert_eq!(
-        out.snapshot
-            .workload_by_addr("", ip("10.0.0.1"))
-            .unwrap()
-            .uid,
-        "c"
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+    let s = &out.snapshot;
+    assert_eq!(s.workload_by_addr("", ip("10.0.0.1")).unwrap().uid, "d");
+    assert_eq!(s.workload_by_addr("", ip("10.0.0.2")).unwrap().uid, "c");
+    assert!(
+        s.shared_addrs.is_empty(),
+        "nothing is shared after the swap"
     );
-    assert!(out.snapshot.same_content(s));
-
-    // Waiting on an item that is then refused: refused too.
-    let out = s.apply(SnapshotDelta {
-        upsert_workloads: vec![
-            workload("e", "", &["10.0.0.1"], &[]),
-            // c would free 10.0.0.1 but collides with d.
-            workload("c", "", &["10.0.0.2"], &[]),
-        ],
-        ..SnapshotDelta::default()
-    });
-    assert_eq!(names(&out.rejected), ["c", "e"]);
-    assert!(out.snapshot.same_content(s));
+    assert_snapshot_consistent(s);
 }
 
 #[test]
@@ -749,17 +698,22 @@ fn host_network_workloads_in_deltas() {
     let s = out.snapshot;
     assert_eq!(s.workload_by_addr("", ip("10.0.0.1")).unwrap().uid, "a");
     assert_eq!(uids(s.endpoints("default/web.local")), ["a", "b", "h"]);
-    // Turning into a pod network workload: now it conflicts.
+    // Turning into a pod network workload: now it shares a's address,
+    // and answers for it as the newest holder.
     h.network_mode = NetworkMode::Standard;
     let out = s.apply(SnapshotDelta {
         upsert_workloads: vec![h],
         ..SnapshotDelta::default()
     });
-    assert_eq!(names(&out.rejected), ["h"]);
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected);
     assert_eq!(
-        out.snapshot.workload_by_uid("h").unwrap().network_mode,
-        NetworkMode::HostNetwork
+        out.snapshot
+            .workload_by_addr("", ip("10.0.0.1"))
+            .unwrap()
+            .uid,
+        "h"
     );
+    assert_snapshot_consistent(&out.snapshot);
 }
 
 #[test]
@@ -849,7 +803,7 @@ fn new_is_empty_plus_apply() {
 /// that build succeeds: the result of any delta is conflict-free).
 fn assert_snapshot_consistent(s: &Snapshot) {
     let fresh = Snapshot::new(
-        s.workloads().map(|w| (**w).clone()).collect(),
+        oldest_first(s).into_iter().map(|w| (*w).clone()).collect(),
         s.services().map(|x| (**x).clone()).collect(),
         s.policies().map(|p| (**p).clone()).collect(),
     )
@@ -858,7 +812,61 @@ fn assert_snapshot_consistent(s: &Snapshot) {
     assert_same_lookups(s, &fresh);
 }
 
+/// The snapshot's workloads in an order that, built fresh, gives every
+/// shared address the same holders in the same order (so the same one
+/// answers): each holder list read as "older before newer", sorted
+/// topologically. Unshared workloads first.
+fn oldest_first(s: &Snapshot) -> Vec<Arc<Workload>> {
+    let mut after: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut before_count: HashMap<&str, usize> = HashMap::new();
+    for w in s.workloads() {
+        before_count.insert(&w.uid, 0);
+    }
+    for holders in s.shared_addrs.values() {
+        for pair in holders.windows(2) {
+            after.entry(&pair[0].uid).or_default().push(&pair[1].uid);
+            *before_count.get_mut(pair[1].uid.as_str()).unwrap() += 1;
+        }
+    }
+    let mut ready: Vec<&str> = before_count
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(u, _)| *u)
+        .collect();
+    ready.sort_unstable();
+    let mut order = Vec::new();
+    while let Some(uid) = ready.pop() {
+        order.push(s.workload_by_uid(uid).unwrap().clone());
+        for next in after.get(uid).into_iter().flatten() {
+            let n = before_count.get_mut(next).unwrap();
+            *n -= 1;
+            if *n == 0 {
+                ready.push(next);
+            }
+        }
+    }
+    assert_eq!(
+        order.len(),
+        s.workloads().len(),
+        "holder lists form no cycle"
+    );
+    order
+}
+
 fn assert_same_lookups(a: &Snapshot, b: &Snapshot) {
+    // Shared addresses: the same holders, in the same order.
+    let holders = |s: &Snapshot| -> BTreeMap<String, Vec<String>> {
+        s.shared_addrs
+            .iter()
+            .map(|((net, ip), h)| {
+                (
+                    format!("{net}/{ip}"),
+                    h.iter().map(|w| w.uid.clone()).collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(holders(a), holders(b), "shared addresses");
     let uid = |w: Option<&Arc<Workload>>| w.map(|w| w.uid.clone());
     let key = |s: Option<&Arc<Service>>| s.map(|s| s.key());
     for s in [a, b] {
@@ -1139,9 +1147,22 @@ fn random_deltas_match_a_fresh_build() {
     for seed in 1..=12u64 {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut current = Snapshot::empty();
+        // The model's own record of when each workload was last upserted:
+        // the newest holder of a shared address must answer for it.
+        let (mut age, mut clock) = (HashMap::<String, u64>::new(), 0u64);
         for _ in 0..150 {
             let delta = random_delta(&mut rng, &current);
             let out = current.apply(delta.clone());
+            for uid in &delta.remove_workloads {
+                age.remove(uid);
+            }
+            let mut seen = std::collections::HashSet::new();
+            for w in &delta.upsert_workloads {
+                if seen.insert(w.uid.clone()) {
+                    clock += 1;
+                    age.insert(w.uid.clone(), clock);
+                }
+            }
             total_rejected += out.rejected.len();
             total_applied += delta.upsert_workloads.len() + delta.upsert_services.len();
             let (w, s, p) = expected_after(&current, &delta, &out.rejected);
@@ -1153,12 +1174,10 @@ fn random_deltas_match_a_fresh_build() {
                     Pol::Unreadable(x) => unreadable.push(x),
                 }
             }
-            let expected = Snapshot::new(
-                w.into_values().collect(),
-                s.into_values().collect(),
-                readable,
-            )
-            .expect("accepted items never conflict");
+            let mut oldest_first: Vec<Workload> = w.into_values().collect();
+            oldest_first.sort_by_key(|x| age[&x.uid]);
+            let expected = Snapshot::new(oldest_first, s.into_values().collect(), readable)
+                .expect("accepted items never conflict");
             let expected = {
                 let out = expected.apply(SnapshotDelta {
                     upsert_unreadable_policies: unreadable,

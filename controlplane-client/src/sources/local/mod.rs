@@ -136,20 +136,6 @@ fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
             format!("policies[{second}] ({key:?})"),
             format!("duplicate namespace/name, already used by policies[{first}]"),
         ),
-        SnapshotError::DuplicateWorkloadAddress {
-            network,
-            ip,
-            first,
-            first_uid,
-            second,
-            second_uid,
-        } => (
-            format!("workloads[{second}] (uid {second_uid:?})"),
-            format!(
-                "address {ip} on network {network:?} is already used by {} (uid {first_uid:?})",
-                list_item("workloads", first)
-            ),
-        ),
         SnapshotError::DuplicateServiceVip {
             network,
             ip,
@@ -162,20 +148,6 @@ fn snapshot_error(err: SnapshotError, origin: &str) -> ConfigError {
             format!(
                 "VIP {ip} on network {network:?} is already used by {} ({first_key:?})",
                 list_item("services", first)
-            ),
-        ),
-        SnapshotError::VipIsWorkloadAddress {
-            network,
-            ip,
-            service,
-            service_key,
-            workload,
-            workload_uid,
-        } => (
-            format!("{} ({service_key:?})", list_item("services", service)),
-            format!(
-                "VIP {ip} on network {network:?} is the address of {} (uid {workload_uid:?})",
-                list_item("workloads", workload)
             ),
         ),
     };

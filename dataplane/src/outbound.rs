@@ -677,7 +677,7 @@ pub(crate) async fn reply_and_close(core: &CoreInputs, fd: RawFd, bytes: &[u8]) 
 
 /// Writes a handshake-time message (a SOCKS5 reply), bounded by the
 /// handshake timeout; None = timed out.
-async fn timed_write_all(
+pub(crate) async fn timed_write_all(
     core: &CoreInputs,
     fd: RawFd,
     bytes: &[u8],

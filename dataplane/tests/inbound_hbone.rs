@@ -126,3 +126,78 @@ fn a_workload_with_a_waypoint_takes_hbone_only_from_its_waypoint() {
         "{refused}"
     );
 }
+
+#[test]
+fn a_sandwiched_waypoint_takes_streams_for_what_it_serves_and_nothing_else() {
+    // The server is the waypoint of service "shop" (VIP 10.96.0.20).
+    let cfg = format!(
+        "{}- name: shop\n  namespace: server-ns\n  hostname: shop.server-ns.svc.cluster.local\n  \
+         vips: [\"10.96.0.20\"]\n  ports: {{80: 8080}}\n  \
+         waypoint: {{destination: \"/{SERVER_IP}\", hboneMtlsPort: 15008}}\n",
+        config("")
+    );
+    let nodes = Nodes::with_config("isw", &cfg, true, &[]);
+    echo_on_b(&nodes, 80);
+    // For the service it is the waypoint of: to itself, at the port asked.
+    let out = connect_as(&nodes, CLIENT_ID, "client", "10.96.0.20:80");
+    assert_eq!(out["status"][0], 200, "{out}");
+    assert_eq!(out["sha256_received"][0], out["sha256_sent"][0], "{out}");
+    // For a service it is not the waypoint of: 400 (ip mismatch).
+    let out = connect_as(&nodes, CLIENT_ID, "client", "10.96.0.10:80");
+    assert_eq!(out["status"][0], 400, "{out}");
+    let logs = nodes.b().wait_access_logs(2);
+    let served = logs.iter().find(|l| l["error"].is_null()).unwrap();
+    assert_eq!(served["dst.hbone_addr"], "10.96.0.20:80", "{served}");
+    let refused = logs.iter().find(|l| l["error"].is_string()).unwrap();
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("400: authority IP 10.96.0.10 is not the connection's destination"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn an_application_tunnel_gets_a_proxy_header_with_target_and_identity() {
+    let cfg = config("  applicationTunnel: {protocol: PROXY, port: 15088}\n");
+    let nodes = Nodes::with_config("iat", &cfg, true, &[]);
+    // The application: reads the PROXY v2 header, reports it, echoes the
+    // rest.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let listener = nodes
+        .b
+        .enter(|| TcpListener::bind(format!("{SERVER_IP}:15088")).unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = listener.accept().unwrap();
+        let mut fixed = [0u8; 16];
+        s.read_exact(&mut fixed).unwrap();
+        let mut rest = vec![0u8; u16::from_be_bytes([fixed[14], fixed[15]]) as usize];
+        s.read_exact(&mut rest).unwrap();
+        tx.send((fixed, rest)).unwrap();
+        let mut buf = [0u8; 16 << 10];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 || s.write_all(&buf[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    // Any target: the tunnel port takes it.
+    let out = connect_as(&nodes, CLIENT_ID, "client", "10.96.0.10:80");
+    assert_eq!(out["status"][0], 200, "{out}");
+    assert_eq!(out["sha256_received"][0], out["sha256_sent"][0], "{out}");
+    let (fixed, rest) = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(&fixed[..12], b"\r\n\r\n\0\r\nQUIT\n");
+    assert_eq!(
+        (fixed[12], fixed[13]),
+        (0x21, 0x11),
+        "v2 PROXY, TCP over IPv4"
+    );
+    assert_eq!(&rest[0..4], &[10, 250, 0, 1], "the client's address");
+    assert_eq!(&rest[4..8], &[10, 96, 0, 10], "the original target");
+    assert_eq!(u16::from_be_bytes([rest[10], rest[11]]), 80);
+    assert_eq!(rest[12], 0xD0, "the peer identity TLV");
+    let len = u16::from_be_bytes([rest[13], rest[14]]) as usize;
+    assert_eq!(std::str::from_utf8(&rest[15..15 + len]).unwrap(), CLIENT_ID);
+}

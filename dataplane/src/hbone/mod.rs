@@ -13,6 +13,7 @@
 
 pub mod client;
 pub mod pool;
+pub mod proxy_header;
 pub mod server;
 
 use std::cell::{Cell, RefCell};

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
-use ringway_controlplane::model::routing::inbound_service_port;
+use ringway_controlplane::model::routing::{inbound_service_port, inbound_upstream};
 
 use crate::authorization::{self, Inbound, Refused, Ticket};
 
@@ -201,7 +201,7 @@ fn admit(
                 && w.namespace == peer.namespace
                 && w.service_account == peer.service_account
         });
-    let destination = authorization::local_workload(&snapshot, &core.cfg, target.ip());
+    let destination = authorization::local_workload(&snapshot, &core.cfg, conn_dst.ip());
     log.names = Names::new(source.map(|w| &**w), destination.map(|w| &**w), service);
     log.dst_identity = destination.map(|w| w.spiffe_id());
     // A tunnel into ringway's own listeners (say pod:15008) would only
@@ -213,22 +213,26 @@ fn admit(
             format!("400: {target} is one of ringway's own listener ports (self call)"),
         );
     }
-    if target.ip() != conn_dst.ip() {
-        reply(&mut respond, StatusCode::BAD_REQUEST);
-        return refused(
-            log,
-            format!(
-                "400: authority IP {} is not the connection's destination {}",
-                target.ip(),
-                conn_dst.ip()
-            ),
-        );
-    }
+    let Some(local) = destination else {
+        reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+        return refused(log, format!("503: no local workload at {}", conn_dst.ip()));
+    };
+    // The target is the dialled workload, or (application tunnel,
+    // sandwiched waypoint) a destination it stands in for.
+    let upstream =
+        match inbound_upstream(&snapshot, &core.cfg.network, local, conn_dst.ip(), target) {
+            Ok(u) => u,
+            Err(mismatch) => {
+                reply(&mut respond, StatusCode::BAD_REQUEST);
+                return refused(log, format!("400: {mismatch}"));
+            }
+        };
     // The policies see the tunnel's own peer address (not `forwarded`,
-    // which the client writes) and the application port.
+    // which the client writes), the dialled workload and the port asked
+    // for.
     let inbound = Inbound {
         src: conn_src.ip(),
-        dst: target,
+        dst: SocketAddr::new(conn_dst.ip(), target.port()),
         peer: Some(peer.clone()),
     };
     let ticket = match authorization::admit(&core.admitted, &snapshot, &core.cfg, inbound) {
@@ -242,13 +246,22 @@ fn admit(
             return refused(log, format!("401: {refusal}"));
         }
     };
+    // The original target and the peer, for an application that reads
+    // them from a PROXY header.
+    let header = upstream
+        .proxy_protocol
+        .then(|| super::proxy_header::encode(conn_src, target, &peer.to_string()));
     drop(snapshot);
     // From the client's address when asked (--orig-src): the tunnel's TCP
     // peer, which TLS authenticated, not `forwarded`, which it only claims.
     let from = core.cfg.orig_src.then_some(conn_src.ip());
     Some(tunnel(
         core.clone(),
-        (target, from),
+        Box::new(Upstream {
+            addr: upstream.addr,
+            from,
+            header,
+        }),
         respond,
         request.into_body(),
         log,
@@ -308,7 +321,7 @@ fn refused<T>(log: ConnLog, why: String) -> Option<T> {
 #[allow(clippy::manual_async_fn)] // deliberate: see above
 fn tunnel(
     core: Rc<CoreInputs>,
-    (target, from): (SocketAddr, Option<IpAddr>),
+    upstream: Box<Upstream>,
     respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: ConnLog,
@@ -316,7 +329,7 @@ fn tunnel(
 ) -> impl std::future::Future<Output = ()> {
     async move {
         let log = &log;
-        let carried = carry(&core, (target, from), respond, recv, log);
+        let carried = carry(&core, upstream, respond, recv, log);
         let revoked = async {
             let why = ticket.revoked().await;
             log.fail(format!("closed: {why}"));
@@ -340,9 +353,19 @@ fn ok_response(core: &CoreInputs, target: SocketAddr) -> Response<()> {
     resp.body(()).expect("static response")
 }
 
+/// Where a tunnel goes. Boxed: an open tunnel's task keeps its arguments,
+/// and needs none of this once connected.
+struct Upstream {
+    addr: SocketAddr,
+    /// The source address to connect from (--orig-src).
+    from: Option<IpAddr>,
+    /// A PROXY header to write first.
+    header: Option<Vec<u8>>,
+}
+
 async fn carry(
     core: &CoreInputs,
-    (target, from): (SocketAddr, Option<IpAddr>),
+    upstream: Box<Upstream>,
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -351,17 +374,13 @@ async fn carry(
     // awaits side by side (1.8 KB here), and an open tunnel's task lives as
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
-    let connecting = Box::pin(socket::connect_from(
-        &core.poller,
-        target,
-        core.cfg.connect,
-        from,
-    ));
+    let target = upstream.addr;
+    let connecting = Box::pin(connect_upstream(core, upstream));
     let upstream = match connecting.await {
         Ok(s) => s,
-        Err(e) => {
+        Err(why) => {
             reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
-            return log.fail(format!("503: connect to {target} failed: {e}"));
+            return log.fail(format!("503: {why}"));
         }
     };
     let send = match respond.send_response(ok_response(core, target), false) {
@@ -381,6 +400,28 @@ async fn carry(
         PumpOutcome::Closed => log.finish("closed"),
         other => log.fail(other.describe()),
     }
+}
+
+/// Connects to the local workload and writes the PROXY header, if any:
+/// one boxed phase, so that an open tunnel keeps none of it.
+async fn connect_upstream(core: &CoreInputs, upstream: Box<Upstream>) -> Result<OwnedFd, String> {
+    let Upstream {
+        addr: target,
+        from,
+        header,
+    } = *upstream;
+    let upstream = socket::connect_from(&core.poller, target, core.cfg.connect, from)
+        .await
+        .map_err(|e| format!("connect to {target} failed: {e}"))?;
+    if let Some(header) = header {
+        let fd = upstream.as_raw_fd();
+        match crate::outbound::timed_write_all(core, fd, &header).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(format!("PROXY header to {target}: {e}")),
+            None => return Err(format!("PROXY header to {target}: write timed out")),
+        }
+    }
+    Ok(upstream)
 }
 
 #[cfg(test)]

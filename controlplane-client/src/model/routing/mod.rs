@@ -29,8 +29,8 @@ use std::net::{IpAddr, SocketAddr};
 use crate::model::identity::Identity;
 use crate::model::snapshot::Snapshot;
 use crate::model::{
-    GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, Service, TunnelProtocol,
-    Workload, WorkloadStatus,
+    ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope,
+    Service, TunnelProtocol, Workload, WorkloadStatus,
 };
 
 /// What a connection is, as far as routing goes.
@@ -490,11 +490,21 @@ pub fn is_waypoint_identity(
     gw: &GatewayAddress,
     peer: &Identity,
 ) -> bool {
-    let is = |w: &Workload| {
+    gateway_has(snap, network, gw, |w| {
         w.trust_domain == peer.trust_domain
             && w.namespace == peer.namespace
             && w.service_account == peer.service_account
-    };
+    })
+}
+
+/// Whether an instance of gateway `gw` (any endpoint of its service, or
+/// the workload at its address) on `network` satisfies `is`.
+fn gateway_has(
+    snap: &Snapshot,
+    network: &str,
+    gw: &GatewayAddress,
+    is: impl Fn(&Workload) -> bool,
+) -> bool {
     let service = match &gw.destination {
         GatewayDestination::Hostname(h) => snap.service_by_host(&h.namespace, &h.hostname),
         GatewayDestination::Address(a) if a.network == network => {
@@ -510,6 +520,80 @@ pub fn is_waypoint_identity(
         GatewayDestination::Address(_) => None,
     };
     service.is_some_and(|s| snap.endpoints(&s.key()).iter().any(|w| is(w)))
+}
+
+/// Where an inbound HBONE stream goes on this node (facts 3.4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboundUpstream {
+    /// Always an address of the local workload the tunnel was dialled to.
+    pub addr: SocketAddr,
+    /// Write a PROXY protocol v2 header first (the workload's application
+    /// tunnel asks for it): it carries the original target and the peer's
+    /// identity, which `addr` no longer shows.
+    pub proxy_protocol: bool,
+}
+
+/// Why an inbound HBONE stream has nowhere to go: answered 400.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpMismatch {
+    pub target: SocketAddr,
+    pub dialled: IpAddr,
+}
+
+impl std::fmt::Display for IpMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "authority IP {} is not the connection's destination {}, which is neither an \
+             application-tunnel workload nor a waypoint of {}",
+            self.target.ip(),
+            self.dialled,
+            self.target.ip()
+        )
+    }
+}
+
+/// Inbound HBONE: where a CONNECT for `target` (an IP authority) goes when
+/// it arrived at `local`, the workload dialled at `dialled`, as ztunnel
+/// decides it:
+/// - the target is normally `local` itself (same IP);
+/// - a different target IP is allowed when `local` has an application
+///   tunnel, or when `local` is the waypoint of the service or workload at
+///   the target (a sandwiched waypoint);
+/// - the stream then goes to `local`'s own address, at the application
+///   tunnel's port if it names one (else the target port), behind a PROXY
+///   header if the tunnel's protocol is PROXY.
+pub fn inbound_upstream(
+    snap: &Snapshot,
+    network: &str,
+    local: &Workload,
+    dialled: IpAddr,
+    target: SocketAddr,
+) -> Result<InboundUpstream, IpMismatch> {
+    let tunnel = local.application_tunnel.as_ref();
+    if target.ip() != dialled
+        && tunnel.is_none()
+        && !is_waypoint_of(snap, network, local, target.ip())
+    {
+        return Err(IpMismatch { target, dialled });
+    }
+    let port = tunnel.and_then(|t| t.port).unwrap_or(target.port());
+    Ok(InboundUpstream {
+        addr: SocketAddr::new(dialled, port),
+        proxy_protocol: tunnel.is_some_and(|t| t.protocol == ApplicationTunnelProtocol::Proxy),
+    })
+}
+
+/// Whether `local` is (an instance of) the waypoint of the service at
+/// `ip`, or else of the workload at `ip`.
+fn is_waypoint_of(snap: &Snapshot, network: &str, local: &Workload, ip: IpAddr) -> bool {
+    let waypoint = match snap.service_by_addr(network, ip) {
+        Some(s) => s.waypoint.as_ref(),
+        None => snap
+            .workload_by_addr(network, ip)
+            .and_then(|w| w.waypoint.as_ref()),
+    };
+    waypoint.is_some_and(|gw| gateway_has(snap, network, gw, |w| w.uid == local.uid))
 }
 
 /// Inbound HBONE with a hostname `:authority` (`host:port`): the port on

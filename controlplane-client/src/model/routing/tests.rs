@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::model::{
-    LoadBalancer, Locality, NamespacedHostname, NetworkAddress, PortMapping,
+    ApplicationTunnel, LoadBalancer, Locality, NamespacedHostname, NetworkAddress, PortMapping,
     DEFAULT_HBONE_MTLS_PORT,
 };
 use std::collections::BTreeMap;
@@ -772,4 +772,75 @@ fn a_waypoint_source_without_addresses_does_not_panic() {
         decide(&s, None, "10.96.0.10:80", 0),
         Err(PlanError::WaypointUnavailable { .. })
     ));
+}
+
+#[test]
+fn inbound_streams_go_to_the_dialled_workload_with_its_app_tunnel_and_sandwich_exceptions() {
+    let (wp, wp_svc) = waypoint_workloads();
+    let mut web = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
+    web.waypoint = waypoint_by_host("waypoint.ns.svc.cluster.local");
+    let mut db = pod("db", &["10.0.0.3"], &[]);
+    db.waypoint = waypoint_at("10.0.9.9", 15008);
+    let plain = pod("plain", &["10.0.0.4"], &[]);
+    let mut tunnelled = pod("tunnelled", &["10.0.0.5"], &[]);
+    tunnelled.application_tunnel = Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::Proxy,
+        port: Some(15088),
+    });
+    let mut port_only = pod("port-only", &["10.0.0.6"], &[]);
+    port_only.application_tunnel = Some(ApplicationTunnel {
+        protocol: ApplicationTunnelProtocol::None,
+        port: None,
+    });
+    let s = snap(vec![wp, db, plain, tunnelled, port_only], vec![wp_svc, web]);
+    let up = |local: &str, dialled: &str, target: &str| {
+        let local = &**s.workload_by_uid(local).unwrap();
+        inbound_upstream(&s, "", local, ip(dialled), addr(target))
+    };
+    let to = |a: &str, proxy_protocol: bool| {
+        Ok(InboundUpstream {
+            addr: addr(a),
+            proxy_protocol,
+        })
+    };
+    // The usual case: the target is the dialled workload.
+    assert_eq!(
+        up("plain", "10.0.0.4", "10.0.0.4:8080"),
+        to("10.0.0.4:8080", false)
+    );
+    // Another IP: 400, unless one of the exceptions holds.
+    let err = up("plain", "10.0.0.4", "10.0.0.3:8080").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "authority IP 10.0.0.3 is not the connection's destination 10.0.0.4, which is neither \
+         an application-tunnel workload nor a waypoint of 10.0.0.3"
+    );
+    // A sandwiched waypoint takes streams for the services and workloads
+    // it is the waypoint of, on its own address and the target port.
+    assert_eq!(
+        up("waypoint-1", "10.0.9.9", "10.96.0.10:80"),
+        to("10.0.9.9:80", false)
+    );
+    assert_eq!(
+        up("waypoint-1", "10.0.9.9", "10.0.0.3:5432"),
+        to("10.0.9.9:5432", false)
+    );
+    assert!(
+        up("waypoint-1", "10.0.9.9", "10.0.0.4:80").is_err(),
+        "not its waypoint"
+    );
+    // An application tunnel: any target, to its port, behind PROXY.
+    assert_eq!(
+        up("tunnelled", "10.0.0.5", "10.96.0.10:80"),
+        to("10.0.0.5:15088", true)
+    );
+    assert_eq!(
+        up("tunnelled", "10.0.0.5", "10.0.0.5:9000"),
+        to("10.0.0.5:15088", true)
+    );
+    // A tunnel without protocol or port: the target port, no header.
+    assert_eq!(
+        up("port-only", "10.0.0.6", "10.0.0.3:9000"),
+        to("10.0.0.6:9000", false)
+    );
 }

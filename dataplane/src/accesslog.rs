@@ -69,9 +69,20 @@ impl Names {
     /// The source and destination workloads (when known) and the service
     /// the client dialled (its hostname).
     pub fn new(src: Option<&Workload>, dst: Option<&Workload>, service: Option<&str>) -> Self {
+        let src = src.map(|w| (w.name.as_str(), w.namespace.as_str()));
+        Self::with_source(src, dst, service)
+    }
+
+    /// [`new`](Self::new), with the source named by (workload, namespace)
+    /// strings: a source known only from `baggage`.
+    pub fn with_source(
+        src: Option<(&str, &str)>,
+        dst: Option<&Workload>,
+        service: Option<&str>,
+    ) -> Self {
         let parts = [
-            src.map(|w| w.name.as_str()),
-            src.map(|w| w.namespace.as_str()),
+            src.map(|s| s.0),
+            src.map(|s| s.1),
             dst.map(|w| w.name.as_str()),
             dst.map(|w| w.namespace.as_str()),
             service,

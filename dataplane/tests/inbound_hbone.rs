@@ -201,3 +201,39 @@ fn an_application_tunnel_gets_a_proxy_header_with_target_and_identity() {
     let len = u16::from_be_bytes([rest[13], rest[14]]) as usize;
     assert_eq!(std::str::from_utf8(&rest[15..15 + len]).unwrap(), CLIENT_ID);
 }
+
+#[test]
+fn a_stream_from_another_network_takes_its_source_from_baggage() {
+    let nodes = Nodes::with_config("ixn", &config(""), true, &[]);
+    echo_on_b(&nodes, 8080);
+    let certs = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "client", "1h");
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let target = format!("{SERVER_IP}:8080");
+    let mut args = client_args(&certs, &root, &target);
+    args.extend([
+        "--send-bytes".into(),
+        "1000".into(),
+        "--header".into(),
+        "x-forwarded-network=west".into(),
+        "--header".into(),
+        "baggage=k8s.namespace.name=remote-ns,k8s.deployment.name=remote-app".into(),
+    ]);
+    let (_, out) = py_client(&nodes.a, &args);
+    assert_eq!(out["status"][0], 200, "{out}");
+    // Same network (or none said): the source is the workload at the
+    // tunnel's peer address.
+    let out = connect_as(&nodes, CLIENT_ID, "client", &target);
+    assert_eq!(out["status"][0], 200, "{out}");
+    let logs = nodes.b().wait_access_logs(2);
+    let workloads: Vec<&str> = logs
+        .iter()
+        .map(|l| l["src.workload"].as_str().unwrap_or("-"))
+        .collect();
+    assert!(workloads.contains(&"remote-app"), "{logs:#?}");
+    assert!(workloads.contains(&"client"), "{logs:#?}");
+    let remote = logs
+        .iter()
+        .find(|l| l["src.workload"] == "remote-app")
+        .unwrap();
+    assert_eq!(remote["src.namespace"], "remote-ns", "{remote}");
+}

@@ -194,15 +194,40 @@ fn admit(
         .and_then(|f| super::forwarded_param(f, "host"))
         .or_else(|| request.uri().authority().map(|a| a.host()))
         .filter(|h| h.parse::<IpAddr>().is_err() && !h.starts_with('['));
-    let source = snapshot
-        .workload_by_addr(&core.cfg.network, conn_src.ip())
-        .filter(|w| {
-            w.trust_domain == peer.trust_domain
-                && w.namespace == peer.namespace
-                && w.service_account == peer.service_account
-        });
     let destination = authorization::local_workload(&snapshot, &core.cfg, conn_dst.ip());
-    log.names = Names::new(source.map(|w| &**w), destination.map(|w| &**w), service);
+    // A stream that crossed a network gateway (`x-forwarded-network` names
+    // another network) has the gateway as its TCP peer: the source is what
+    // its `baggage` says, as ztunnel reads it.
+    let from_gateway = headers
+        .get("x-forwarded-network")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|n| n != core.cfg.network);
+    log.names = if from_gateway {
+        let baggage = headers.get("baggage").and_then(|v| v.to_str().ok());
+        let source = baggage.map(super::parse_baggage).and_then(|pairs| {
+            let get = |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| key == k)
+                    .map(|(_, v)| v.clone())
+            };
+            let workload = ["deployment", "cronjob", "job", "pod"]
+                .iter()
+                .find_map(|kind| get(&format!("k8s.{kind}.name")))?;
+            Some((workload, get("k8s.namespace.name")?))
+        });
+        let source = source.as_ref().map(|(w, ns)| (w.as_str(), ns.as_str()));
+        Names::with_source(source, destination.map(|w| &**w), service)
+    } else {
+        let source = snapshot
+            .workload_by_addr(&core.cfg.network, conn_src.ip())
+            .filter(|w| {
+                w.trust_domain == peer.trust_domain
+                    && w.namespace == peer.namespace
+                    && w.service_account == peer.service_account
+            });
+        Names::new(source.map(|w| &**w), destination.map(|w| &**w), service)
+    };
     log.dst_identity = destination.map(|w| w.spiffe_id());
     // A tunnel into ringway's own listeners (say pod:15008) would only
     // come back here: refused, as ztunnel refuses it.

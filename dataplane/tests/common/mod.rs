@@ -13,94 +13,49 @@ pub mod ztunnel;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+/// Fails loudly (never skips) unless this is root with `ip` and `nft`.
 pub fn require_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (network namespaces, nftables); run the suite as root (CI does)"
-    );
-    for tool in ["ip", "nft"] {
-        let ok = Command::new("which")
-            .arg(tool)
-            .stdout(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(
-            ok,
-            "this test needs `{tool}` (apt-get install iproute2 nftables)"
-        );
+    if let Err(e) = ringway_rig::require_root("this test") {
+        panic!("{e:#}; run the suite as root (CI does)");
     }
 }
 
 fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = ringway_rig::check(cmd) {
+        panic!("{e:#}");
+    }
 }
 
-static SEQ: AtomicUsize = AtomicUsize::new(0);
-
-/// A network namespace owned by one test.
+/// A network namespace owned by one test: the shared rig's
+/// (`ringway-rig`, which the perf harness uses too), with a test's
+/// panic-on-failure manners.
 pub struct NetNs {
     pub name: String,
+    inner: ringway_rig::Netns,
 }
 
 impl NetNs {
     pub fn new(tag: &str) -> Self {
         require_root();
-        let name = format!(
-            "rwt-{}-{}-{}",
-            std::process::id(),
-            tag,
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        run(Command::new("ip").args(["netns", "add", &name]));
-        let ns = NetNs { name };
-        run(Command::new("ip").args(["-n", &ns.name, "link", "set", "lo", "up"]));
-        ns
+        let inner =
+            ringway_rig::Netns::new(&format!("rwt-{tag}")).unwrap_or_else(|e| panic!("{e:#}"));
+        NetNs {
+            name: inner.name.clone(),
+            inner,
+        }
     }
 
     /// Loads an nftables ruleset inside the namespace.
     pub fn nft(&self, rules: &str) {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.name, "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nft");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(rules.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "nft failed: {}\n{rules}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.inner.nft(rules).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     pub fn ip(&self, args: &[&str]) {
-        let mut full = vec!["-n", &self.name];
-        full.extend_from_slice(args);
-        run(Command::new("ip").args(full));
+        self.inner.ip(args).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Captures TCP to `ports` (e.g. "9000-9999") from this namespace to
@@ -130,43 +85,17 @@ impl NetNs {
 
 /// Runs `f` on a new thread inside the named namespace.
 pub fn in_netns<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/var/run/netns/{name}");
-    {
-        std::thread::spawn(move || {
-            let file = File::open(&path).expect("open netns");
-            let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+    match ringway_rig::in_netns(name, f) {
+        Ok(v) => v,
+        Err(e) => panic!("{e:#}"),
     }
 }
 
 /// Joins two namespaces with a veth pair and gives each end an IPv4
 /// address (a /24); returns the interface names (in `a`, in `b`).
 pub fn veth(a: &NetNs, a_ip: &str, b: &NetNs, b_ip: &str) -> (String, String) {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let (ia, ib) = (
-        format!("rwa{}x{n}", std::process::id() % 100000),
-        format!("rwb{}x{n}", std::process::id() % 100000),
-    );
-    run(Command::new("ip").args([
-        "link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ib, "netns", &b.name,
-    ]));
-    a.ip(&["addr", "add", &format!("{a_ip}/24"), "dev", &ia]);
-    b.ip(&["addr", "add", &format!("{b_ip}/24"), "dev", &ib]);
-    a.ip(&["link", "set", &ia, "up"]);
-    b.ip(&["link", "set", &ib, "up"]);
-    (ia, ib)
+    let (a_ip, b_ip) = (format!("{a_ip}/24"), format!("{b_ip}/24"));
+    ringway_rig::veth(&a.inner, &[&a_ip], &b.inner, &[&b_ip]).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A running ringway process with JSON logs captured to a file.

@@ -294,6 +294,13 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
+    /// Log lines that may wait for the writer thread; beyond that, new lines
+    /// are dropped and counted (and the count logged) rather than making a
+    /// core wait for stdout.
+    #[arg(long, env = "RINGWAY_LOG_QUEUE_LINES", default_value_t = 65536,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub log_queue_lines: u32,
+
     /// Once every core has bound its listeners, write their addresses here
     /// as JSON (useful with port 0, for supervisors and tests).
     #[arg(long, env = "RINGWAY_BOUND_ADDRS_FILE")]

@@ -165,6 +165,7 @@ impl Control {
             }
         }
         let _ = started.send(Ok(Started { cert_requests }));
+        tokio::spawn(report_dropped_log_lines(Duration::from_secs(5)));
 
         let drain = self.drain;
         tokio::select! {
@@ -178,6 +179,26 @@ impl Control {
         }
         tracing::warn!("second signal during drain: exiting now");
         std::process::exit(1);
+    }
+}
+
+/// Says, every `every` while it keeps happening, how many log lines the
+/// writer thread dropped because stdout did not keep up: the lines are
+/// gone, but not silently.
+async fn report_dropped_log_lines(every: Duration) {
+    let mut reported = 0;
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let dropped = crate::logfmt::dropped_lines();
+        if dropped > reported {
+            tracing::warn!(
+                dropped = dropped - reported,
+                dropped_total = dropped,
+                "log lines dropped: stdout is not keeping up (the cores never wait for it)"
+            );
+            reported = dropped;
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! `authz`, `app`, `sources::xds`, …).
 
 use std::fmt::{self, Write as _};
+use std::sync::OnceLock;
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -15,6 +16,19 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+static DROPPED: OnceLock<tracing_appender::non_blocking::ErrorCounter> = OnceLock::new();
+
+/// Registers the writer's count of dropped lines (once, at startup).
+pub fn set_dropped_counter(counter: tracing_appender::non_blocking::ErrorCounter) {
+    let _ = DROPPED.set(counter);
+}
+
+/// Lines dropped so far because the writer fell behind (0 before
+/// logging is set up).
+pub fn dropped_lines() -> usize {
+    DROPPED.get().map_or(0, |c| c.dropped_lines())
+}
 
 /// The event formatter: JSON or text, both as ztunnel writes them.
 pub struct ZtunnelFormat {

@@ -14,19 +14,33 @@ use clap::Parser;
 use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
-/// Log lines in ztunnel's shapes (see `logfmt`).
-fn init_logging(format: LogFormat) {
+/// Log lines in ztunnel's shapes (see `logfmt`), written by a thread of
+/// their own: each core only formats a line and queues it (bounded, lossy:
+/// a full queue drops the line and counts it), so a slow or stalled stdout
+/// never blocks a data-plane core. The guard flushes the queue at exit.
+fn init_logging(
+    format: LogFormat,
+    queued_lines: usize,
+) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = matches!(format, LogFormat::Json);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(queued_lines)
+        .thread_name("ringway-log")
+        .finish(std::io::stdout());
+    ringway_dataplane::logfmt::set_dropped_counter(writer.error_counter());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .event_format(ringway_dataplane::logfmt::ZtunnelFormat { json })
+        .with_writer(writer)
         .init();
+    guard
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.run.log_format);
+    let _log_writer = init_logging(cli.run.log_format, cli.run.log_queue_lines as usize);
     let result = match cli.command {
         None => ringway_dataplane::app::run(cli.run),
         Some(Command::Cert(CertCommand::Issue {

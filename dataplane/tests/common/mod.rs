@@ -14,7 +14,7 @@ pub mod ztunnel;
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Fails loudly (never skips) unless this is root with `ip` and `nft`.
@@ -112,15 +112,26 @@ pub fn ringway_bin() -> &'static str {
 
 impl Ringway {
     pub fn start(netns: Option<&str>, extra: &[&str]) -> Ringway {
-        Self::start_inner(netns, extra, true)
+        Self::start_inner(netns, extra, true, None)
     }
 
     /// Starts ringway on its embedded default config (no --config).
     pub fn start_embedded(netns: Option<&str>, extra: &[&str]) -> Ringway {
-        Self::start_inner(netns, extra, false)
+        Self::start_inner(netns, extra, false, None)
     }
 
-    fn start_inner(netns: Option<&str>, extra: &[&str], own_config: bool) -> Ringway {
+    /// [`start`](Self::start) with stdout going to `stdout` instead of the
+    /// log file (whose lines are then not available).
+    pub fn start_with_stdout(netns: Option<&str>, extra: &[&str], stdout: Stdio) -> Ringway {
+        Self::start_inner(netns, extra, true, Some(stdout))
+    }
+
+    fn start_inner(
+        netns: Option<&str>,
+        extra: &[&str],
+        own_config: bool,
+        stdout: Option<Stdio>,
+    ) -> Ringway {
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("ringway.log");
         let addrs = dir.path().join("bound.json");
@@ -159,7 +170,7 @@ impl Ringway {
         cmd.args(extra)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "1")
-            .stdout(File::create(&log_path).unwrap())
+            .stdout(stdout.unwrap_or_else(|| File::create(&log_path).unwrap().into()))
             .stderr(File::create(dir.path().join("stderr.txt")).unwrap());
         let mut child = cmd.spawn().expect("spawn ringway");
         let deadline = Instant::now() + Duration::from_secs(20);

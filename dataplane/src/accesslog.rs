@@ -202,11 +202,14 @@ impl ConnLog {
 impl Drop for ConnLog {
     fn drop(&mut self) {
         self.open.leave();
-        let (ok, outcome) = self
-            .outcome
-            .borrow_mut()
-            .take()
-            .unwrap_or((false, "closed at the drain deadline".into()));
+        let (ok, outcome) = self.outcome.borrow_mut().take().unwrap_or_else(|| {
+            let why = if crate::executor::dropping_panicked_task() {
+                "closed: its task panicked (a ringway bug; the core goes on)"
+            } else {
+                "closed at the drain deadline"
+            };
+            (false, why.into())
+        });
         let direction = match self.path {
             TrafficPath::Outbound | TrafficPath::Socks5 => "outbound",
             TrafficPath::Inbound | TrafficPath::InboundPassthrough => "inbound",

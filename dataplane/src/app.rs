@@ -149,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             self_addrs: self_addrs.clone(),
         })
         .collect();
-    let handles = start_cores(&plan, seeds)?;
+    let handles = start_cores(&plan, seeds, &cores_ready)?;
     cores_ready.store(true, Ordering::Release);
 
     let mut by_path: BTreeMap<&str, Vec<String>> = BTreeMap::new();

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -325,9 +326,31 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
 /// listeners running. A core that dies before signalling readiness (no
 /// io_uring, a CPU that is not ours) is detected immediately and its error
 /// returned.
+/// Readiness goes 503 for good when it is dropped: when a core's future
+/// ends (at drain, or with an error) or unwinds (the core panicked).
+struct CoreRunning {
+    index: usize,
+    ready: Arc<AtomicBool>,
+}
+
+impl Drop for CoreRunning {
+    fn drop(&mut self) {
+        self.ready.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            tracing::error!(
+                core = self.index,
+                "core crashed: readiness reports 503 from now on"
+            );
+        }
+    }
+}
+
+/// Starts one executor per planned CPU. `ready` (the readiness endpoint's
+/// "every core runs") is cleared as soon as any core stops.
 pub fn start_cores(
     plan: &CorePlan,
     seeds: Vec<CoreSeed>,
+    ready: &Arc<AtomicBool>,
 ) -> anyhow::Result<Vec<executor::JoinHandle<anyhow::Result<()>>>> {
     let mut starting = Vec::new();
     for (seed, &cpu) in seeds.into_iter().zip(&plan.cpus) {
@@ -337,12 +360,16 @@ pub fn start_cores(
         let index = seed.index;
         let handle = executor::Builder::new(format!("ringway-core{index}"))
             .pin(plan.pin.then_some(cpu))
-            .spawn(move || async move {
-                let r = core_main(seed, ready_tx).await;
-                if let Err(e) = &r {
-                    tracing::error!(core = index, error = %format!("{e:#}"), "core failed");
+            .spawn({
+                let ready = ready.clone();
+                move || async move {
+                    let _running = CoreRunning { index, ready };
+                    let r = core_main(seed, ready_tx).await;
+                    if let Err(e) = &r {
+                        tracing::error!(core = index, error = %format!("{e:#}"), "core failed");
+                    }
+                    r
                 }
-                r
             })
             .map_err(|e| anyhow!("cannot start the executor for core {index} (cpu {cpu}): {e}"))?;
         starting.push((index, cpu, handle, ready_rx));
@@ -421,5 +448,25 @@ pub fn raise_nofile() {
             rlim_max: lim.rlim_max,
         };
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readiness's "every core runs" goes false when a core's thread
+    /// unwinds, as it does when the core panics.
+    #[test]
+    fn a_crashed_core_clears_readiness() {
+        let ready = Arc::new(AtomicBool::new(true));
+        let r = ready.clone();
+        let crashed = std::thread::spawn(move || {
+            let _running = CoreRunning { index: 3, ready: r };
+            panic!("a core's own loop failed");
+        })
+        .join();
+        assert!(crashed.is_err());
+        assert!(!ready.load(Ordering::Acquire));
     }
 }

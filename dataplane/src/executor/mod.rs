@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::uring::Poller;
 
-pub use task::Task;
+pub use task::{dropping_panicked_task, Task};
 
 /// A long-running task (an accept loop, a bulk copy, a batch of policy
 /// re-checks) gives way at [`yield_if_needed`] once the current pass has
@@ -93,6 +93,8 @@ struct Local {
     pass_start: Cell<Instant>,
     /// The future `block_on` runs has completed: stop before sleeping.
     root_done: Cell<bool>,
+    /// Detached tasks that panicked (and were ended) on this core.
+    task_panics: Cell<u64>,
 }
 
 thread_local! {
@@ -107,6 +109,11 @@ fn with_local<R>(f: impl FnOnce(&Rc<Local>) -> R) -> R {
             .expect("ringway executor API used outside a ringway executor thread");
         f(local)
     })
+}
+
+/// How many detached (connection) tasks panicked on this core so far.
+pub fn task_panics() -> u64 {
+    with_local(|l| l.task_panics.get())
 }
 
 /// The current core's readiness ring.
@@ -252,6 +259,7 @@ impl Local {
             poller,
             pass_start: Cell::new(Instant::now()),
             root_done: Cell::new(false),
+            task_panics: Cell::new(0),
         }))
     }
 

@@ -2,6 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +67,10 @@ pub(super) struct Slot {
     future: Option<Pin<Box<dyn Future<Output = ()>>>>,
     /// Cancelled while it was being polled: drop it when it comes back.
     cancelled: bool,
+    /// A detached task (a connection): a panic in it ends it, not the
+    /// core. Joined tasks (the core's own loops) still take the core down:
+    /// their callers cannot go on without them.
+    isolated: bool,
 }
 
 /// Polls the task `h` names, if it still exists.
@@ -87,10 +92,38 @@ pub(super) fn run(local: &Local, h: Arc<Header>) {
     // The queue's reference becomes the waker: no reference count traffic
     // per poll.
     let waker = Waker::from(h);
-    let done = fut
-        .as_mut()
-        .poll(&mut Context::from_waker(&waker))
-        .is_ready();
+    let isolated = local.tasks.borrow()[key].isolated;
+    let done = if isolated {
+        let poll = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut Context::from_waker(&waker))
+        }));
+        match poll {
+            Ok(p) => p.is_ready(),
+            Err(payload) => {
+                local.task_panics.set(local.task_panics.get() + 1);
+                tracing::error!(
+                    target: "executor",
+                    panic = panic_message(&*payload),
+                    panics_on_this_core = local.task_panics.get(),
+                    "a connection's task panicked (a ringway bug): that connection is closed, \
+                     the core goes on"
+                );
+                let mut tasks = local.tasks.borrow_mut();
+                tasks.remove(key);
+                drop(tasks);
+                // Its destructors (the access-log line, sockets) may find
+                // broken state: a second panic there is contained too.
+                PANICKED.set(true);
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut)));
+                PANICKED.set(false);
+                return;
+            }
+        }
+    } else {
+        fut.as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_ready()
+    };
     let dropped = {
         let mut tasks = local.tasks.borrow_mut();
         let slot = &mut tasks[key];
@@ -104,6 +137,25 @@ pub(super) fn run(local: &Local, h: Arc<Header>) {
     };
     // Outside the borrow: a future's destructor may touch the executor.
     drop(dropped);
+}
+
+thread_local! {
+    /// True while a panicked task's future is being dropped.
+    static PANICKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the code running now is the clean-up of a task that panicked
+/// (an access log says so instead of guessing).
+pub fn dropping_panicked_task() -> bool {
+    PANICKED.get()
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }
 
 /// The result of a task, shared between it and its [`Task`] handle.
@@ -137,7 +189,7 @@ pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 's
     };
     Task {
         join,
-        header: insert(local, Box::pin(body)),
+        header: insert(local, Box::pin(body), false),
     }
 }
 
@@ -145,11 +197,11 @@ pub(super) fn spawn<T: 'static>(local: &Local, fut: impl Future<Output = T> + 's
 /// task lives as long as the connection, so its size is per-connection
 /// memory).
 pub(super) fn spawn_detached(local: &Local, fut: impl Future<Output = ()> + 'static) {
-    insert(local, Box::pin(fut));
+    insert(local, Box::pin(fut), true);
 }
 
 /// Puts `future` in the slab and queues it to run.
-fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>) -> Arc<Header> {
+fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>, isolated: bool) -> Arc<Header> {
     let mut tasks = local.tasks.borrow_mut();
     let entry = tasks.vacant_entry();
     let header = Arc::new(Header {
@@ -161,6 +213,7 @@ fn insert(local: &Local, future: Pin<Box<dyn Future<Output = ()>>>) -> Arc<Heade
         header: header.clone(),
         future: Some(future),
         cancelled: false,
+        isolated,
     });
     drop(tasks);
     local.queue.borrow_mut().push_back(header.clone());

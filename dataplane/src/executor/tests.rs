@@ -166,3 +166,34 @@ fn yield_if_needed_gives_way_to_other_tasks() {
         assert!(gaps >= 20, "the other task ran only {gaps} times in 50 ms");
     });
 }
+
+/// A panic in a connection's (detached) task ends that task only: the
+/// core keeps running its other tasks, counts the panic, and drops the
+/// task's state (its destructors run).
+#[test]
+fn a_panicking_detached_task_ends_alone() {
+    struct Dropped(std::sync::mpsc::Sender<&'static str>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            let _ = self.0.send("dropped");
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let panics = run(move || async move {
+        let guard = Dropped(tx);
+        spawn_detached(async move {
+            let _guard = guard;
+            timer::sleep(Duration::from_millis(5)).await;
+            panic!("boom in a connection");
+        });
+        // Another connection, and the core's own work, go on.
+        let other = spawn_local(async {
+            timer::sleep(Duration::from_millis(20)).await;
+            7
+        });
+        assert_eq!(other.await, 7);
+        task_panics()
+    });
+    assert_eq!(panics, 1);
+    assert_eq!(rx.try_recv(), Ok("dropped"), "its state was dropped");
+}

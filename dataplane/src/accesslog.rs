@@ -14,25 +14,65 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use ringway_controlplane::model::Workload;
 
 use crate::listeners::TrafficPath;
+use crate::metrics::{CoreStats, Counter, ResponseFlag, TcpCounters};
+
+/// Bytes one direction of a connection moved: the access log's count and,
+/// once the connection's metric labels are known, its label set's
+/// Prometheus counter (so a long-lived connection shows in every scrape).
+#[derive(Default)]
+pub struct ByteCount {
+    n: Cell<u64>,
+    metric: Option<Arc<Counter>>,
+}
+
+impl ByteCount {
+    pub fn add(&self, k: u64) {
+        self.n.set(self.n.get() + k);
+        if let Some(m) = &self.metric {
+            m.add(k);
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.n.get()
+    }
+}
 
 /// Per-core count of open connections, counted from accept to close, and
-/// what drain waits on.
+/// what drain waits on; mirrored into the core's metrics gauge.
 #[derive(Default)]
 pub struct OpenConnections {
     count: Cell<usize>,
     idle_waiter: RefCell<Option<Waker>>,
+    stats: Arc<CoreStats>,
 }
 
 impl OpenConnections {
+    /// Counting into `stats`' open-connections gauge.
+    pub fn new(stats: Arc<CoreStats>) -> Self {
+        OpenConnections {
+            stats,
+            ..OpenConnections::default()
+        }
+    }
+
     pub fn get(&self) -> usize {
         self.count.get()
     }
 
+    fn enter(&self) {
+        self.count.set(self.count.get() + 1);
+        self.stats.open_connections.set(self.count.get() as u64);
+    }
+
     fn leave(&self) {
         self.count.set(self.count.get() - 1);
+        self.stats.open_connections.set(self.count.get() as u64);
         if self.count.get() == 0 {
             if let Some(w) = self.idle_waiter.borrow_mut().take() {
                 w.wake();
@@ -140,9 +180,11 @@ pub struct ConnLog {
     pub route: &'static str,
     /// Bytes from the client (outbound: the application; inbound: the
     /// tunnel or the plaintext peer) delivered to the other side.
-    pub from_client: Cell<u64>,
+    pub from_client: ByteCount,
     /// Bytes from the other side delivered to the client.
-    pub to_client: Cell<u64>,
+    pub to_client: ByteCount,
+    /// The connection's Istio TCP metrics, once its labels are known.
+    metrics: Option<Arc<TcpCounters>>,
     outcome: RefCell<Option<(bool, String)>>,
 }
 
@@ -159,7 +201,7 @@ impl ConnLog {
     }
 
     pub fn new(open: Rc<OpenConnections>, core: usize, path: TrafficPath) -> Self {
-        open.count.set(open.count.get() + 1);
+        open.enter();
         Self {
             open,
             core,
@@ -174,14 +216,31 @@ impl ConnLog {
             trace: None,
             hbone_conn: None,
             route: "-",
-            from_client: Cell::new(0),
-            to_client: Cell::new(0),
+            from_client: ByteCount::default(),
+            to_client: ByteCount::default(),
+            metrics: None,
             outcome: RefCell::new(None),
         }
     }
 
     pub fn path(&self) -> TrafficPath {
         self.path
+    }
+
+    /// Counts this connection in `counters` (its label set): opened now,
+    /// bytes as they move, closed (and failed, with its flag) at the end.
+    pub fn count(&mut self, counters: Arc<TcpCounters>) {
+        counters.opened.add(1);
+        let (from_client, to_client) = match self.path {
+            // As ztunnel counts: outbound, what the client sends is sent.
+            TrafficPath::Outbound | TrafficPath::Socks5 => (&counters.sent, &counters.received),
+            TrafficPath::Inbound | TrafficPath::InboundPassthrough => {
+                (&counters.received, &counters.sent)
+            }
+        };
+        self.from_client.metric = Some(from_client.clone());
+        self.to_client.metric = Some(to_client.clone());
+        self.metrics = Some(counters);
     }
 
     /// The connection was refused or failed; `why` says what to check.
@@ -210,6 +269,14 @@ impl Drop for ConnLog {
             };
             (false, why.into())
         });
+        if let Some(m) = self.metrics.take() {
+            let flag = if ok {
+                ResponseFlag::None
+            } else {
+                ResponseFlag::of_failure(&outcome)
+            };
+            m.close(flag, !ok);
+        }
         let direction = match self.path {
             TrafficPath::Outbound | TrafficPath::Socks5 => "outbound",
             TrafficPath::Inbound | TrafficPath::InboundPassthrough => "inbound",

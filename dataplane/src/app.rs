@@ -112,6 +112,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     readiness.set_nonblocking(true)?;
     let readiness_addr = readiness.local_addr()?;
+    let stats = std::net::TcpListener::bind(args.stats_addr).with_context(|| {
+        format!(
+            "cannot bind the metrics endpoint on {} (--stats-addr)",
+            args.stats_addr
+        )
+    })?;
+    stats.set_nonblocking(true)?;
+    let stats_addr = stats.local_addr()?;
+    let metrics = Arc::new(crate::metrics::MetricsHub::default());
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let cores_ready = Arc::new(AtomicBool::new(false));
@@ -122,6 +131,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cert_publisher: cert_publisher.clone(),
         node: args.node_name.clone(),
         readiness,
+        stats,
+        metrics: metrics.clone(),
         cores_ready: cores_ready.clone(),
         shutdown: shutdown_tx,
         drain: cfg.drain_timeout,
@@ -147,6 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             control: control.clone(),
             shutdown: shutdown_rx.clone(),
             self_addrs: self_addrs.clone(),
+            metrics: metrics.core(),
         })
         .collect();
     let handles = start_cores(&plan, seeds, &cores_ready)?;
@@ -163,6 +175,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .entry("readiness")
         .or_default()
         .push(readiness_addr.to_string());
+    by_path
+        .entry("stats")
+        .or_default()
+        .push(stats_addr.to_string());
     if let Some(file) = &args.bound_addrs_file {
         let json = serde_json::json!({ "listeners": by_path, "cores": plan.cpus.len(), "pid": std::process::id() });
         std::fs::write(file, json.to_string())

@@ -290,6 +290,11 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     pub readiness_addr: SocketAddr,
 
+    /// Prometheus metrics (`GET /metrics` or `/stats/prometheus`): Istio's
+    /// `istio_tcp_*` series, process and per-core gauges.
+    #[arg(long, env = "RINGWAY_STATS_ADDR", default_value = "0.0.0.0:15020")]
+    pub stats_addr: SocketAddr,
+
     /// Log format.
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -50,6 +50,9 @@ pub struct Control {
     pub cert_publisher: CertPublisher,
     pub node: Option<String>,
     pub readiness: std::net::TcpListener,
+    /// The metrics endpoint's listener, and what it reports.
+    pub stats: std::net::TcpListener,
+    pub metrics: Arc<crate::metrics::MetricsHub>,
     /// Set by the main thread once every core has its listeners bound.
     pub cores_ready: Arc<AtomicBool>,
     pub shutdown: watch::Sender<bool>,
@@ -153,16 +156,34 @@ impl Control {
             }
         };
         let cores_ready = self.cores_ready.clone();
-        match tokio::net::TcpListener::from_std(self.readiness) {
-            Ok(l) => {
-                tokio::spawn(serve_readiness(l, move || {
-                    source_ready() && cores_ready.load(Ordering::Acquire)
-                }));
-            }
-            Err(e) => {
-                let _ = started.send(Err(anyhow!("readiness listener: {e}")));
-                return;
-            }
+        let ready = Arc::new(move || source_ready() && cores_ready.load(Ordering::Acquire));
+        let metrics = self.metrics.clone();
+        let endpoints = [(self.readiness, "readiness"), (self.stats, "metrics")];
+        for (listener, what) in endpoints {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = started.send(Err(anyhow!("{what} listener: {e}")));
+                    return;
+                }
+            };
+            let (ready, metrics) = (ready.clone(), metrics.clone());
+            let answer = move |path: &str| -> (&'static str, &'static str, String) {
+                match (what, path) {
+                    ("readiness", "/healthz/ready") if ready() => {
+                        ("200 OK", TEXT, "ready\n".into())
+                    }
+                    ("readiness", "/healthz/ready") => {
+                        ("503 Service Unavailable", TEXT, "not ready\n".into())
+                    }
+                    ("metrics", "/metrics" | "/stats/prometheus") => {
+                        let body = metrics.render(&crate::metrics::ProcessStats::read());
+                        ("200 OK", PROMETHEUS, body)
+                    }
+                    _ => ("404 Not Found", TEXT, "not found\n".into()),
+                }
+            };
+            tokio::spawn(serve_http(listener, answer));
         }
         let _ = started.send(Ok(Started { cert_requests }));
         tokio::spawn(report_dropped_log_lines(Duration::from_secs(5)));
@@ -214,45 +235,86 @@ fn spawn_manager<S: CertSource + Send + Sync + 'static>(
     requests
 }
 
-/// A deliberately tiny HTTP/1.1 responder for `GET /healthz/ready`
-/// (kubelet probes): 200 when ready, 503 otherwise, 404 for other paths.
-async fn serve_readiness(
-    listener: tokio::net::TcpListener,
-    ready: impl Fn() -> bool + Send + Sync + 'static,
-) {
-    let ready = Arc::new(ready);
+const TEXT: &str = "text/plain; charset=utf-8";
+const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Requests larger than this get 431 and a close.
+const MAX_REQUEST: usize = 8 << 10;
+
+/// A deliberately small HTTP/1.1 server for the side endpoints (readiness
+/// for kubelet, metrics for Prometheus): one GET per connection, answered
+/// by `answer(path)` with (status, content type, body). What it is not
+/// made for gets a 4xx and a close, never a crash: another method 405, a
+/// request that is not HTTP 400, one over 8 KiB 431, one slower than 5 s
+/// is closed.
+async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
+where
+    F: Fn(&str) -> (&'static str, &'static str, String) + Send + Sync + 'static,
+{
+    let answer = Arc::new(answer);
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
+            // Out of descriptors, say: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let ready = ready.clone();
+        let answer = answer.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let line = std::str::from_utf8(&buf[..n])
-                .unwrap_or("")
-                .lines()
-                .next()
-                .unwrap_or("");
-            let mut parts = line.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let (status, body) = if method != "GET" {
-                ("405 Method Not Allowed", "method not allowed\n")
-            } else if path != "/healthz/ready" {
-                ("404 Not Found", "not found\n")
-            } else if ready() {
-                ("200 OK", "ready\n")
-            } else {
-                ("503 Service Unavailable", "not ready\n")
+            let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s)).await;
+            let (status, kind, body) = match head {
+                Err(_) => return, // too slow: closed
+                Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
+                Ok(Ok((method, path))) if method == "GET" || method == "HEAD" => {
+                    let (status, kind, body) = answer(&path);
+                    (
+                        status,
+                        kind,
+                        if method == "HEAD" {
+                            String::new()
+                        } else {
+                            body
+                        },
+                    )
+                }
+                Ok(Ok(_)) => (
+                    "405 Method Not Allowed",
+                    TEXT,
+                    "method not allowed\n".into(),
+                ),
             };
             let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()
             );
-            let _ = s.write_all(resp.as_bytes()).await;
+            if s.write_all(resp.as_bytes()).await.is_ok() {
+                let _ = s.write_all(body.as_bytes()).await;
+            }
         });
+    }
+}
+
+/// Reads a request head; its method and path (query dropped), or the
+/// status to refuse it with.
+async fn read_head(s: &mut tokio::net::TcpStream) -> Result<(String, String), &'static str> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        if buf.len() > MAX_REQUEST {
+            return Err("431 Request Header Fields Too Large");
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = std::str::from_utf8(&buf).map_err(|_| "400 Bad Request")?;
+    let line = text.lines().next().unwrap_or("");
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
+            let path = target.split('?').next().unwrap_or(target);
+            Ok((method.to_owned(), path.to_owned()))
+        }
+        _ => Err("400 Bad Request"),
     }
 }

@@ -8,7 +8,8 @@
 //! gives it back as soon as the source would block with the stage empty.
 //! Core-local (!Send).
 
-use std::cell::{Cell, RefCell};
+use crate::accesslog::ByteCount;
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -150,8 +151,8 @@ impl Copier {
         &self,
         a: &impl AsRawFd,
         b: &impl AsRawFd,
-        a_to_b: &Cell<u64>,
-        b_to_a: &Cell<u64>,
+        a_to_b: &ByteCount,
+        b_to_a: &ByteCount,
     ) -> CopyOutcome {
         let (a, b) = (a.as_raw_fd(), b.as_raw_fd());
         let mut fwd = pin!(self.direction(a, b, a_to_b));
@@ -206,7 +207,7 @@ impl Copier {
         }
     }
 
-    async fn direction(&self, src: RawFd, dst: RawFd, moved: &Cell<u64>) -> Result<(), DirError> {
+    async fn direction(&self, src: RawFd, dst: RawFd, moved: &ByteCount) -> Result<(), DirError> {
         match self.mode {
             CopyMode::Splice => {
                 self.run(
@@ -269,7 +270,7 @@ impl Copier {
         &self,
         src: RawFd,
         dst: RawFd,
-        moved: &Cell<u64>,
+        moved: &ByteCount,
         take: impl Fn() -> io::Result<S>,
         give_back: impl Fn(S),
     ) -> Result<(), DirError> {
@@ -295,7 +296,7 @@ impl Copier {
                 if stage.pending() > 0 {
                     match stage.drain(dst) {
                         Ok(n) => {
-                            moved.set(moved.get() + n as u64);
+                            moved.add(n as u64);
                             progressed = true;
                         }
                         Err(e) if would_block(&e) => {

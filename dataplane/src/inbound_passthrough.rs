@@ -11,6 +11,7 @@ use std::rc::Rc;
 
 use crate::accesslog::{ConnLog, Names};
 use crate::authorization::{self, Inbound};
+use crate::metrics::{ConnLabels, Reporter};
 use crate::runtime::CoreInputs;
 use crate::socket;
 
@@ -40,11 +41,18 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     };
     let snapshot = core.snapshot();
     let network = &core.cfg.network;
-    log.names = Names::new(
-        snapshot.workload_by_addr(network, src.ip()).map(|w| &**w),
-        authorization::local_workload(&snapshot, &core.cfg, dst.ip()).map(|w| &**w),
-        None,
-    );
+    let source = snapshot.workload_by_addr(network, src.ip()).map(|w| &**w);
+    let destination = authorization::local_workload(&snapshot, &core.cfg, dst.ip()).map(|w| &**w);
+    log.names = Names::new(source, destination, None);
+    log.count(core.metrics.counters(&ConnLabels {
+        reporter: Reporter::Destination,
+        src: source,
+        src_principal: None,
+        dst: destination,
+        dst_principal: None,
+        service: None,
+        mtls: false,
+    }));
     let admitted = authorization::admit(&core.admitted, &snapshot, &core.cfg, inbound);
     drop(snapshot);
     let ticket = match admitted {

@@ -29,6 +29,7 @@ pub mod hbone;
 pub mod inbound_passthrough;
 pub mod listeners;
 pub mod logfmt;
+pub mod metrics;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;

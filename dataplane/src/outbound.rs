@@ -36,6 +36,7 @@ use crate::authorization::local_workload;
 use crate::authorization::{self, Inbound};
 use crate::hbone;
 use crate::listeners::TrafficPath;
+use crate::metrics::{ConnLabels, Principal, Reporter};
 use crate::runtime::CoreInputs;
 use crate::socket;
 use crate::uring::Registration;
@@ -293,20 +294,31 @@ fn next_step(
     let service = snapshot.service_by_addr(network, dst.ip());
     // The log's names: the workload reached (for a tunnel, the one at its
     // target, else the one serving its HBONE port, e.g. a waypoint).
-    let name = |log: &mut ConnLog, reached: &[SocketAddr]| {
+    // The log's names and the metrics' labels: the workload reached (for a
+    // tunnel, the one at its target, else the one serving its HBONE port,
+    // e.g. a waypoint), and for a tunnel the identities of both ends.
+    let name = |log: &mut ConnLog, reached: &[SocketAddr], tunnel: Option<&Identity>| {
         let destination = reached
             .iter()
-            .find_map(|a| snapshot.workload_by_addr(network, a.ip()));
-        log.names = Names::new(
-            source,
-            destination.map(|w| &**w),
-            service.map(|s| s.hostname.as_str()),
-        );
+            .find_map(|a| snapshot.workload_by_addr(network, a.ip()))
+            .map(|w| &**w);
+        log.names = Names::new(source, destination, service.map(|s| s.hostname.as_str()));
+        let src_principal = source.filter(|_| tunnel.is_some()).map(Principal);
+        let counters = core.metrics.counters(&ConnLabels {
+            reporter: Reporter::Source,
+            src: source,
+            src_principal: src_principal.as_ref().map(|p| p as &dyn std::fmt::Display),
+            dst: destination,
+            dst_principal: tunnel.map(|i| i as &dyn std::fmt::Display),
+            service: service.map(|s| &**s),
+            mtls: tunnel.is_some(),
+        });
+        log.count(counters);
     };
     match plan(snapshot, out, &mut |n| fastrand::u64(0..n)) {
         Ok(Plan::Direct { upstream, route }) => {
             log.route = route;
-            name(log, &[upstream]);
+            name(log, &[upstream], None);
             Step::Direct(upstream)
         }
         Ok(Plan::Hbone {
@@ -317,7 +329,7 @@ fn next_step(
         }) => {
             log.route = route;
             log.dst_identity = Some(identity.to_string());
-            name(log, &[authority, peer]);
+            name(log, &[authority, peer], Some(&identity));
             // The tunnel speaks for the client's workload: no workload, no
             // identity, no tunnel. Take what the tunnel needs while the
             // snapshot is borrowed: cloning the workload's Arc would touch
@@ -500,6 +512,21 @@ async fn serve_local(
         let why = format!("refused: {why}");
         return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
     }
+    // Counted as the destination's proxy would count the HBONE hop.
+    let network = &core.cfg.network;
+    let source = log
+        .src
+        .and_then(|a| snapshot.workload_by_addr(network, a.ip()));
+    let destination = local_workload(&snapshot, &core.cfg, authority.ip());
+    inbound.count(core.metrics.counters(&ConnLabels {
+        reporter: Reporter::Destination,
+        src: source.map(|w| &**w),
+        src_principal: Some(&src_identity),
+        dst: destination.map(|w| &**w),
+        dst_principal: destination.map(|w| Principal(w)).as_ref().map(|p| p as _),
+        service: None,
+        mtls: true,
+    }));
     let conn = Inbound {
         src: log.src.map_or(authority.ip(), |s| s.ip()),
         dst: authority,
@@ -518,8 +545,8 @@ async fn serve_local(
     let log = &*log;
     direct_until_revoked(core, client, authority, log, downstream, None, &ticket).await;
     // What the client sent, the application received, and back.
-    inbound.from_client.set(log.from_client.get());
-    inbound.to_client.set(log.to_client.get());
+    inbound.from_client.add(log.from_client.get());
+    inbound.to_client.add(log.to_client.get());
     match log.outcome() {
         Some((true, outcome)) => inbound.finish(outcome),
         Some((false, why)) => inbound.fail(why),

@@ -40,6 +40,8 @@ pub struct CoreInputs {
     pub open: Rc<OpenConnections>,
     /// This core's HBONE connection pool.
     pub pool: crate::hbone::pool::Pool,
+    /// Istio TCP metrics and per-core stats, read by the scraper.
+    pub metrics: crate::metrics::CoreMetrics,
     /// Inbound connections admitted by policy, re-checked on snapshot
     /// changes (late rejection).
     pub admitted: Rc<crate::authorization::Registry>,
@@ -172,6 +174,7 @@ pub struct CoreSeed {
     pub control: ControlHandles,
     pub shutdown: watch::Receiver<bool>,
     pub self_addrs: SelfAddrs,
+    pub metrics: crate::metrics::CoreMetrics,
 }
 
 /// Runs one accepted connection on its traffic path, until it ends or the
@@ -214,6 +217,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         control,
         mut shutdown,
         self_addrs,
+        metrics,
     } = seed;
     let (force_tx, force_close) = watch::channel(false);
     let cfg_pool = cfg.pool;
@@ -224,7 +228,8 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         cfg,
         poller,
         self_addrs,
-        open: Rc::new(OpenConnections::default()),
+        open: Rc::new(OpenConnections::new(metrics.stats.clone())),
+        metrics,
         pool: crate::hbone::pool::Pool::new(cfg_pool),
         admitted: Rc::default(),
         shutdown: shutdown.clone(),
@@ -290,6 +295,19 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
             }
         })
     };
+    // Counts kept where they are made (the executor, the late-rejection
+    // registry), copied for the scraper once a second.
+    let stats = {
+        let core = core.clone();
+        crate::executor::spawn_local(async move {
+            loop {
+                let s = &core.metrics.stats;
+                s.task_panics.set(crate::executor::task_panics());
+                s.late_rejections.set(core.admitted.late_rejections());
+                crate::executor::timer::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
     let accept_tasks: Vec<_> = listeners
         .into_iter()
         .map(|l| crate::executor::spawn_local(listeners::accept_loop(core.clone(), l)))
@@ -318,14 +336,10 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         // Let the cancelled connections run their drop (close, access log).
         let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
     }
-    drop((watcher, cert_watcher, reaper));
+    drop((watcher, cert_watcher, reaper, stats));
     Ok(())
 }
 
-/// Starts one executor per planned core and waits until every core has its
-/// listeners running. A core that dies before signalling readiness (no
-/// io_uring, a CPU that is not ours) is detected immediately and its error
-/// returned.
 /// Readiness goes 503 for good when it is dropped: when a core's future
 /// ends (at drain, or with an error) or unwinds (the core panicked).
 struct CoreRunning {
@@ -345,8 +359,11 @@ impl Drop for CoreRunning {
     }
 }
 
-/// Starts one executor per planned CPU. `ready` (the readiness endpoint's
-/// "every core runs") is cleared as soon as any core stops.
+/// Starts one executor per planned core and waits until every core has its
+/// listeners running. A core that dies before signalling readiness (no
+/// io_uring, a CPU that is not ours) is detected immediately and its error
+/// returned. `ready` (the readiness endpoint's "every core runs") is
+/// cleared as soon as any core stops.
 pub fn start_cores(
     plan: &CorePlan,
     seeds: Vec<CoreSeed>,

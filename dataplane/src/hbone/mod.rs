@@ -16,7 +16,8 @@ pub mod pool;
 pub mod proxy_header;
 pub mod server;
 
-use std::cell::{Cell, RefCell};
+use crate::accesslog::ByteCount;
+use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -84,8 +85,8 @@ pub async fn pump(
     fd: RawFd,
     send: SendStream<Bytes>,
     mut recv: RecvStream,
-    to_tunnel: &Cell<u64>,
-    from_tunnel: &Cell<u64>,
+    to_tunnel: &ByteCount,
+    from_tunnel: &ByteCount,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
     let reg = Registration::new(poller, fd);
@@ -134,7 +135,7 @@ pub async fn pump(
 async fn socket_to_stream(
     reg: &Registration,
     send: &RefCell<SendStream<Bytes>>,
-    moved: &Cell<u64>,
+    moved: &ByteCount,
 ) -> Result<(), PumpOutcome> {
     let mut buf = BytesMut::new();
     let mut sizer = ReadSizer::new(READ_CHUNK);
@@ -181,7 +182,7 @@ async fn socket_to_stream(
             send.borrow_mut()
                 .send_data(chunk, false)
                 .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
-            moved.set(moved.get() + len);
+            moved.add(len);
         }
         if sizer.was_short() {
             // Drained: the next read waits; hold no buffer meanwhile.
@@ -196,7 +197,7 @@ async fn socket_to_stream(
 async fn stream_to_socket(
     reg: &Registration,
     recv: &mut RecvStream,
-    moved: &Cell<u64>,
+    moved: &ByteCount,
 ) -> Result<(), PumpOutcome> {
     loop {
         match recv.data().await {
@@ -208,7 +209,7 @@ async fn stream_to_socket(
                 crate::stream::write_all(reg, &data)
                     .await
                     .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
-                moved.set(moved.get() + data.len() as u64);
+                moved.add(data.len() as u64);
                 let _ = recv.flow_control().release_capacity(data.len());
             }
             Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),

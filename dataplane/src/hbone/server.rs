@@ -25,6 +25,7 @@ use crate::authorization::{self, Inbound, Refused, Ticket};
 use super::{pump, with_timeout, PumpOutcome};
 use crate::accesslog::{ConnLog, Names};
 use crate::listeners::TrafficPath;
+use crate::metrics::{ConnLabels, Principal, Reporter};
 use crate::runtime::{spawn_cancellable, CoreInputs};
 use crate::socket;
 use crate::stream::FdStream;
@@ -202,6 +203,16 @@ fn admit(
         .get("x-forwarded-network")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|n| n != core.cfg.network);
+    // The source workload: the one at the tunnel's peer address holding
+    // the peer's identity (as ztunnel derives it), unless from a gateway.
+    let source = snapshot
+        .workload_by_addr(&core.cfg.network, conn_src.ip())
+        .filter(|w| {
+            !from_gateway
+                && w.trust_domain == peer.trust_domain
+                && w.namespace == peer.namespace
+                && w.service_account == peer.service_account
+        });
     log.names = if from_gateway {
         let baggage = headers.get("baggage").and_then(|v| v.to_str().ok());
         let source = baggage.map(super::parse_baggage).and_then(|pairs| {
@@ -219,16 +230,25 @@ fn admit(
         let source = source.as_ref().map(|(w, ns)| (w.as_str(), ns.as_str()));
         Names::with_source(source, destination.map(|w| &**w), service)
     } else {
-        let source = snapshot
-            .workload_by_addr(&core.cfg.network, conn_src.ip())
-            .filter(|w| {
-                w.trust_domain == peer.trust_domain
-                    && w.namespace == peer.namespace
-                    && w.service_account == peer.service_account
-            });
         Names::new(source.map(|w| &**w), destination.map(|w| &**w), service)
     };
     log.dst_identity = destination.map(|w| w.spiffe_id());
+    let service = service.and_then(|h| {
+        let local = destination?;
+        let backed = snapshot.services_by_hostname(h).iter();
+        backed
+            .map(|s| &**s)
+            .find(|s| local.services.contains_key(&s.key()))
+    });
+    log.count(core.metrics.counters(&ConnLabels {
+        reporter: Reporter::Destination,
+        src: source.map(|w| &**w),
+        src_principal: Some(&**peer),
+        dst: destination.map(|w| &**w),
+        dst_principal: destination.map(|w| Principal(w)).as_ref().map(|p| p as _),
+        service,
+        mtls: true,
+    }));
     // A tunnel into ringway's own listeners (say pod:15008) would only
     // come back here: refused, as ztunnel refuses it.
     if core.self_addrs.ports.contains(&target.port()) {

@@ -104,6 +104,8 @@ pub struct Ringway {
     pub dir: tempfile::TempDir,
     pub log_path: PathBuf,
     pub listeners: serde_json::Value,
+    /// The namespace it runs in (None: the test's own).
+    pub netns: Option<String>,
 }
 
 pub fn ringway_bin() -> &'static str {
@@ -152,6 +154,9 @@ impl Ringway {
         if !extra.contains(&"--readiness-addr") {
             cmd.args(["--readiness-addr", "127.0.0.1:0"]);
         }
+        if !extra.contains(&"--stats-addr") {
+            cmd.args(["--stats-addr", "127.0.0.1:0"]);
+        }
         if own_config && !extra.contains(&"--config") && !extra.contains(&"--xds-address") {
             // Not the embedded default: its 127.0.0.1 is an HBONE workload.
             // An empty mesh knows no sources, so let them out as plain TCP
@@ -182,6 +187,7 @@ impl Ringway {
                         dir,
                         log_path,
                         listeners: v,
+                        netns: netns.map(str::to_owned),
                     };
                 }
             }
@@ -196,6 +202,34 @@ impl Ringway {
             assert!(Instant::now() < deadline, "ringway did not become ready");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// `GET path` on one of its side endpoints ("stats", "readiness"),
+    /// from inside its namespace: (status line, body).
+    pub fn http_get(&self, endpoint: &str, path: &str) -> (String, String) {
+        let addr = self.listeners["listeners"][endpoint][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {endpoint} listener: {}", self.listeners))
+            .to_owned();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: ringway\r\n\r\n");
+        let get = move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(&addr).expect("connect to the endpoint");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            text
+        };
+        let text = match &self.netns {
+            Some(ns) => in_netns(ns, get),
+            None => get(),
+        };
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        (
+            head.lines().next().unwrap_or("").to_owned(),
+            body.to_owned(),
+        )
     }
 
     pub fn pid(&self) -> i32 {

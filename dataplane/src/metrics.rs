@@ -1,0 +1,609 @@
+//! Istio's TCP metrics (`istio_tcp_*` with Istio's CommonTrafficLabels, in
+//! Istio's order), counted per core and merged when scraped.
+//!
+//! - Each core keeps its own label sets and counters: a connection finds
+//!   its set in a core-local map (keyed by the rendered label text, built in
+//!   a reused buffer: no allocation once the set exists) and keeps an `Arc`
+//!   to it. Nothing is shared between cores per connection or per byte.
+//! - Counters are atomics written by their core alone (a relaxed load and
+//!   store, a plain `mov` on x86: no locked instruction) and read by the
+//!   scraper on the control thread, which never makes a core wait.
+//! - Bytes are added as they move, so a long-lived connection shows in
+//!   every scrape, not only when it closes.
+//! - A new label set reaches the scraper over a lock-free queue.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ringway_controlplane::model::{Service, Workload};
+
+/// A counter (or gauge) that one core writes and any thread reads.
+#[derive(Default, Debug)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Only the owning core calls this: with a single writer a relaxed
+    /// load-then-store loses nothing, and needs no locked instruction.
+    pub fn add(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
+    }
+
+    /// A gauge's new value (owning core only).
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Istio's `response_flags`, as ztunnel reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFlag {
+    None,
+    /// Refused by authorization policy (or a bypassed waypoint).
+    Deny,
+    /// The upstream could not be connected.
+    Connect,
+    TlsFailure,
+    H2HandshakeFailure,
+    IdentityError,
+}
+
+const FLAGS: [(&str, ResponseFlag); 6] = [
+    ("-", ResponseFlag::None),
+    ("DENY", ResponseFlag::Deny),
+    ("CONNECT", ResponseFlag::Connect),
+    ("TLS_FAILURE", ResponseFlag::TlsFailure),
+    ("H2_HANDSHAKE_FAILURE", ResponseFlag::H2HandshakeFailure),
+    ("IDENTITY_ERROR", ResponseFlag::IdentityError),
+];
+
+impl ResponseFlag {
+    fn index(self) -> usize {
+        FLAGS
+            .iter()
+            .position(|(_, f)| *f == self)
+            .expect("every flag is listed")
+    }
+
+    /// The flag for a failed connection, from the reason the access log
+    /// gives (the paths word their failures consistently: `401:` for a
+    /// policy denial, `503: connect to` for an upstream that did not
+    /// answer, ...).
+    pub fn of_failure(why: &str) -> ResponseFlag {
+        let lower = why.to_ascii_lowercase();
+        if why.starts_with("401")
+            || lower.contains("authorization policy")
+            || lower.contains("denied")
+            || lower.contains("waypoint")
+        {
+            ResponseFlag::Deny
+        } else if lower.contains("tls handshake") {
+            ResponseFlag::TlsFailure
+        } else if lower.contains("http/2 handshake") {
+            ResponseFlag::H2HandshakeFailure
+        } else if lower.contains("identity") || lower.contains("certificate") {
+            ResponseFlag::IdentityError
+        } else if lower.contains("connect") || why.starts_with("503") {
+            ResponseFlag::Connect
+        } else {
+            ResponseFlag::None
+        }
+    }
+}
+
+/// Who reports: the proxy on the client's side or on the server's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reporter {
+    Source,
+    Destination,
+}
+
+/// What a connection's labels are made of.
+pub struct ConnLabels<'a> {
+    pub reporter: Reporter,
+    pub src: Option<&'a Workload>,
+    /// The source's identity as the mTLS handshake showed it (or, outbound,
+    /// as this proxy presents it).
+    pub src_principal: Option<&'a dyn std::fmt::Display>,
+    pub dst: Option<&'a Workload>,
+    pub dst_principal: Option<&'a dyn std::fmt::Display>,
+    pub service: Option<&'a Service>,
+    /// Carried over mTLS (HBONE).
+    pub mtls: bool,
+}
+
+/// A workload's SPIFFE identity, written without building an `Identity`.
+pub struct Principal<'a>(pub &'a Workload);
+
+impl std::fmt::Display for Principal<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.0;
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            w.trust_domain, w.namespace, w.service_account
+        )
+    }
+}
+
+/// One label set's counters on one core.
+pub struct TcpCounters {
+    /// The rendered labels before `response_flags`, a NUL, the rest.
+    labels: Box<str>,
+    pub opened: Counter,
+    /// `istio_tcp_sent_bytes_total` (as ztunnel counts it: outbound, what
+    /// the client sent; inbound, what went back to it).
+    pub sent: Arc<Counter>,
+    pub received: Arc<Counter>,
+    closed: [Counter; FLAGS.len()],
+    failed: [Counter; FLAGS.len()],
+}
+
+impl TcpCounters {
+    /// The connection ended; `failed` with its flag.
+    pub fn close(&self, flag: ResponseFlag, failed: bool) {
+        self.closed[flag.index()].add(1);
+        if failed {
+            self.failed[flag.index()].add(1);
+        }
+    }
+}
+
+/// Per-core gauges and counters that are not per label set.
+#[derive(Default, Debug)]
+pub struct CoreStats {
+    pub open_connections: Counter,
+    pub task_panics: Counter,
+    pub late_rejections: Counter,
+}
+
+/// A core's metrics.
+pub struct CoreMetrics {
+    sets: RefCell<HashMap<Box<str>, Arc<TcpCounters>>>,
+    scratch: RefCell<String>,
+    hub: crossbeam_channel::Sender<Arc<TcpCounters>>,
+    pub stats: Arc<CoreStats>,
+}
+
+impl CoreMetrics {
+    /// The counters of `l`'s label set on this core (created, and handed to
+    /// the scraper, the first time).
+    pub fn counters(&self, l: &ConnLabels<'_>) -> Arc<TcpCounters> {
+        let mut key = self.scratch.borrow_mut();
+        key.clear();
+        render_labels(&mut key, l);
+        if let Some(c) = self.sets.borrow().get(key.as_str()) {
+            return c.clone();
+        }
+        let counters = Arc::new(TcpCounters {
+            labels: key.as_str().into(),
+            opened: Counter::default(),
+            sent: Arc::default(),
+            received: Arc::default(),
+            closed: Default::default(),
+            failed: Default::default(),
+        });
+        self.sets
+            .borrow_mut()
+            .insert(key.as_str().into(), counters.clone());
+        // Unbounded and lock-free: a core never waits on the scraper.
+        let _ = self.hub.send(counters.clone());
+        counters
+    }
+}
+
+/// The scraper's side: every core's label sets and stats.
+pub struct MetricsHub {
+    new_sets: crossbeam_channel::Receiver<Arc<TcpCounters>>,
+    sender: crossbeam_channel::Sender<Arc<TcpCounters>>,
+    sets: Mutex<Vec<Arc<TcpCounters>>>,
+    cores: Mutex<Vec<Arc<CoreStats>>>,
+}
+
+impl Default for MetricsHub {
+    fn default() -> Self {
+        let (sender, new_sets) = crossbeam_channel::unbounded();
+        MetricsHub {
+            new_sets,
+            sender,
+            sets: Mutex::default(),
+            cores: Mutex::default(),
+        }
+    }
+}
+
+/// Process-level values the scrape adds (read on the control thread).
+pub struct ProcessStats {
+    pub open_fds: u64,
+    pub max_fds: u64,
+    pub log_lines_dropped: u64,
+}
+
+impl ProcessStats {
+    pub fn read() -> ProcessStats {
+        let open_fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we pass.
+        let max_fds = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            lim.rlim_cur
+        } else {
+            0
+        };
+        ProcessStats {
+            open_fds,
+            max_fds,
+            log_lines_dropped: crate::logfmt::dropped_lines() as u64,
+        }
+    }
+}
+
+/// A per-core series: name, type, help, and how to read it.
+type PerCore = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&CoreStats) -> u64,
+);
+
+const TCP_METRICS: [(&str, &str); 5] = [
+    (
+        "istio_tcp_connections_opened_total",
+        "The total number of TCP connections opened",
+    ),
+    (
+        "istio_tcp_connections_closed_total",
+        "The total number of TCP connections closed",
+    ),
+    (
+        "istio_tcp_received_bytes_total",
+        "The size of total bytes received during request in case of a TCP connection",
+    ),
+    (
+        "istio_tcp_sent_bytes_total",
+        "The size of total bytes sent during response in case of a TCP connection",
+    ),
+    (
+        "istio_tcp_connections_failed_total",
+        "The total number of TCP connections that failed",
+    ),
+];
+
+impl MetricsHub {
+    /// The metrics of one more core.
+    pub fn core(&self) -> CoreMetrics {
+        let stats = Arc::new(CoreStats::default());
+        self.cores.lock().expect("not poisoned").push(stats.clone());
+        CoreMetrics {
+            sets: RefCell::default(),
+            scratch: RefCell::new(String::with_capacity(1024)),
+            hub: self.sender.clone(),
+            stats,
+        }
+    }
+
+    /// The Prometheus text exposition of everything, label sets merged
+    /// across cores.
+    pub fn render(&self, process: &ProcessStats) -> String {
+        let mut sets = self.sets.lock().expect("not poisoned");
+        sets.extend(self.new_sets.try_iter());
+        // labels → [opened, closed per flag, received, sent, failed per flag]
+        let mut merged: BTreeMap<&str, [u64; 3 + 2 * FLAGS.len()]> = BTreeMap::new();
+        for c in sets.iter() {
+            let m = merged.entry(&c.labels).or_default();
+            m[0] += c.opened.get();
+            m[1] += c.received.get();
+            m[2] += c.sent.get();
+            for i in 0..FLAGS.len() {
+                m[3 + i] += c.closed[i].get();
+                m[3 + FLAGS.len() + i] += c.failed[i].get();
+            }
+        }
+        let mut out = String::with_capacity(256 + merged.len() * 5 * 700);
+        let series = |out: &mut String, name: &str, labels: &str, flag: &str, v: u64| {
+            let (before, after) = labels.split_once('\0').unwrap_or((labels, ""));
+            let _ = writeln!(
+                out,
+                "{name}{{{before},response_flags=\"{flag}\",{after}}} {v}"
+            );
+        };
+        for (m, (name, help)) in TCP_METRICS.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+            for (labels, v) in &merged {
+                match m {
+                    0 => series(&mut out, name, labels, "-", v[0]),
+                    2 => series(&mut out, name, labels, "-", v[1]),
+                    3 => series(&mut out, name, labels, "-", v[2]),
+                    _ => {
+                        let base = if m == 1 { 3 } else { 3 + FLAGS.len() };
+                        for (i, (flag, _)) in FLAGS.iter().enumerate() {
+                            // "-" always for closed (like opened), others once seen.
+                            if v[base + i] > 0 || (m == 1 && i == 0) {
+                                series(&mut out, name, labels, flag, v[base + i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let cores = self.cores.lock().expect("not poisoned");
+        let gauge = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}");
+        };
+        gauge(
+            &mut out,
+            "istio_build",
+            "gauge",
+            "Istio component build info",
+        );
+        let _ = writeln!(
+            out,
+            "istio_build{{component=\"ringway\",tag=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        gauge(
+            &mut out,
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors",
+        );
+        let _ = writeln!(out, "process_open_fds {}", process.open_fds);
+        gauge(
+            &mut out,
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors",
+        );
+        let _ = writeln!(out, "process_max_fds {}", process.max_fds);
+        gauge(
+            &mut out,
+            "ringway_log_lines_dropped_total",
+            "counter",
+            "Log lines dropped because stdout did not keep up",
+        );
+        let _ = writeln!(
+            out,
+            "ringway_log_lines_dropped_total {}",
+            process.log_lines_dropped
+        );
+        let per_core: [PerCore; 3] = [
+            (
+                "ringway_core_open_connections",
+                "gauge",
+                "Connections open on a core (HBONE streams count one each)",
+                |s| s.open_connections.get(),
+            ),
+            (
+                "ringway_core_task_panics_total",
+                "counter",
+                "Connection tasks on a core that panicked and were ended",
+                |s| s.task_panics.get(),
+            ),
+            (
+                "ringway_core_late_rejections_total",
+                "counter",
+                "Open connections a core closed because a new policy denied them",
+                |s| s.late_rejections.get(),
+            ),
+        ];
+        for (name, kind, help, get) in per_core {
+            gauge(&mut out, name, kind, help);
+            for (i, s) in cores.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{core=\"{i}\"}} {}", get(s));
+            }
+        }
+        out
+    }
+}
+
+/// Appends `l`'s labels in Istio's order: those before `response_flags`,
+/// a NUL, the rest.
+fn render_labels(out: &mut String, l: &ConnLabels<'_>) {
+    /// Escapes a label value as the text format wants it.
+    struct Escaped<'o>(&'o mut String);
+    impl std::fmt::Write for Escaped<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            for c in s.chars() {
+                match c {
+                    '\\' => self.0.push_str("\\\\"),
+                    '"' => self.0.push_str("\\\""),
+                    '\n' => self.0.push_str("\\n"),
+                    c => self.0.push(c),
+                }
+            }
+            Ok(())
+        }
+    }
+    fn put(out: &mut String, name: &str, value: &dyn std::fmt::Display) {
+        if !out.is_empty() && !out.ends_with('\0') {
+            out.push(',');
+        }
+        out.push_str(name);
+        out.push_str("=\"");
+        let before = out.len();
+        let _ = write!(Escaped(out), "{value}");
+        if out.len() == before {
+            out.push_str("unknown");
+        }
+        out.push('"');
+    }
+    let reporter = match l.reporter {
+        Reporter::Source => "source",
+        Reporter::Destination => "destination",
+    };
+    put(out, "reporter", &reporter);
+    const SOURCE: [&str; 8] = [
+        "source_workload",
+        "source_canonical_service",
+        "source_canonical_revision",
+        "source_workload_namespace",
+        "source_principal",
+        "source_app",
+        "source_version",
+        "source_cluster",
+    ];
+    const DESTINATION: [&str; 8] = [
+        "destination_workload",
+        "destination_canonical_service",
+        "destination_canonical_revision",
+        "destination_workload_namespace",
+        "destination_principal",
+        "destination_app",
+        "destination_version",
+        "destination_cluster",
+    ];
+    for (names, w, principal) in [
+        (SOURCE, l.src, l.src_principal),
+        (DESTINATION, l.dst, l.dst_principal),
+    ] {
+        if names == DESTINATION {
+            let s = l.service;
+            put(out, "destination_service", &s.map_or("", |s| &s.hostname));
+            put(
+                out,
+                "destination_service_namespace",
+                &s.map_or("", |s| &s.namespace),
+            );
+            put(out, "destination_service_name", &s.map_or("", |s| &s.name));
+        }
+        let principal: &dyn std::fmt::Display = principal.unwrap_or(&"");
+        let values: [&dyn std::fmt::Display; 8] = match w {
+            Some(w) => [
+                &w.workload_name,
+                &w.canonical_name,
+                &w.canonical_revision,
+                &w.namespace,
+                principal,
+                &w.canonical_name,
+                &w.canonical_revision,
+                &w.cluster_id,
+            ],
+            None => [&"", &"", &"", &"", principal, &"", &"", &""],
+        };
+        for (name, value) in names.iter().zip(values) {
+            put(out, name, value);
+        }
+    }
+    put(out, "request_protocol", &"tcp");
+    out.push('\0');
+    let policy = if l.mtls { "mutual_tls" } else { "unknown" };
+    put(out, "connection_security_policy", &policy);
+    let (src_loc, dst_loc) = (
+        l.src.and_then(|w| w.locality.as_ref()),
+        l.dst.and_then(|w| w.locality.as_ref()),
+    );
+    if src_loc.is_some() || dst_loc.is_some() {
+        put(out, "source_region", &src_loc.map_or("", |l| &l.region));
+        put(out, "source_zone", &src_loc.map_or("", |l| &l.zone));
+        put(
+            out,
+            "destination_region",
+            &dst_loc.map_or("", |l| &l.region),
+        );
+        put(out, "destination_zone", &dst_loc.map_or("", |l| &l.zone));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workload(name: &str) -> Workload {
+        Workload {
+            name: name.into(),
+            workload_name: name.into(),
+            namespace: "ns".into(),
+            ..Workload::default()
+        }
+    }
+
+    #[test]
+    fn failures_map_to_istio_response_flags() {
+        for (why, flag) in [
+            (
+                "401: authorization policy: explicitly denied by ns/p",
+                ResponseFlag::Deny,
+            ),
+            (
+                "refused: authorization policy: allow policies exist, but none allowed",
+                ResponseFlag::Deny,
+            ),
+            (
+                "503: connect to 10.0.0.1:80 failed: Connection refused",
+                ResponseFlag::Connect,
+            ),
+            (
+                "TLS handshake failed: bad certificate",
+                ResponseFlag::TlsFailure,
+            ),
+            (
+                "HTTP/2 handshake failed: frame",
+                ResponseFlag::H2HandshakeFailure,
+            ),
+            ("closed at the drain deadline", ResponseFlag::None),
+        ] {
+            assert_eq!(ResponseFlag::of_failure(why), flag, "{why}");
+        }
+    }
+
+    /// Two cores with the same label set: one series, their sum; values
+    /// escaped; unknown values say so; closed counts by flag.
+    #[test]
+    fn a_scrape_merges_cores_and_escapes_values() {
+        let hub = MetricsHub::default();
+        let (a, b) = (hub.core(), hub.core());
+        let (src, mut dst) = (workload("client"), workload("db"));
+        dst.canonical_name = "we\"ird\\name".into();
+        let labels = ConnLabels {
+            reporter: Reporter::Source,
+            src: Some(&src),
+            src_principal: None,
+            dst: Some(&dst),
+            dst_principal: None,
+            service: None,
+            mtls: false,
+        };
+        for (core, bytes) in [(&a, 10), (&b, 5)] {
+            let c = core.counters(&labels);
+            c.opened.add(1);
+            c.sent.add(bytes);
+        }
+        a.counters(&labels).close(ResponseFlag::Deny, true);
+        assert!(Arc::ptr_eq(&a.counters(&labels), &a.counters(&labels)));
+        let text = hub.render(&ProcessStats {
+            open_fds: 3,
+            max_fds: 10,
+            log_lines_dropped: 0,
+        });
+        let line = |name: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .collect::<Vec<_>>()
+        };
+        let sent = line("istio_tcp_sent_bytes_total{");
+        assert_eq!(sent.len(), 1, "{text}");
+        assert!(sent[0].ends_with(" 15"), "{text}");
+        assert!(sent[0].contains("destination_canonical_service=\"we\\\"ird\\\\name\""));
+        assert!(sent[0].contains("source_principal=\"unknown\""));
+        assert!(sent[0].starts_with(
+            "istio_tcp_sent_bytes_total{reporter=\"source\",source_workload=\"client\","
+        ));
+        let failed = line("istio_tcp_connections_failed_total{");
+        assert_eq!(failed.len(), 1);
+        assert!(failed[0].contains("response_flags=\"DENY\"") && failed[0].ends_with(" 1"));
+        assert_eq!(
+            line("istio_tcp_connections_closed_total{").len(),
+            2,
+            "- and DENY"
+        );
+    }
+}

@@ -43,6 +43,13 @@ pub(crate) fn set_termination_signals_blocked(blocked: bool) {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if !args.admin_addr.ip().is_loopback() && !args.admin_allow_remote {
+        anyhow::bail!(
+            "--admin-addr {} is not a loopback address: the admin endpoint shows the whole \
+             config and can stop ringway; pass --admin-allow-remote to expose it anyway",
+            args.admin_addr
+        );
+    }
     set_termination_signals_blocked(true);
     let cfg = ProxyConfig::from_args(&args);
 
@@ -121,6 +128,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     stats.set_nonblocking(true)?;
     let stats_addr = stats.local_addr()?;
     let metrics = Arc::new(crate::metrics::MetricsHub::default());
+    let admin_listener = std::net::TcpListener::bind(args.admin_addr).with_context(|| {
+        format!(
+            "cannot bind the admin endpoint on {} (--admin-addr)",
+            args.admin_addr
+        )
+    })?;
+    admin_listener.set_nonblocking(true)?;
+    let admin_addr = admin_listener.local_addr()?;
+    let admin = crate::admin::Admin {
+        snapshots: publisher.clone(),
+        certs: cert_publisher.clone(),
+        metrics: metrics.clone(),
+        config: static_config(&args, &plan),
+        node: args.node_name.clone(),
+        quit: Arc::new(tokio::sync::Notify::new()),
+    };
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let cores_ready = Arc::new(AtomicBool::new(false));
@@ -133,6 +156,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         readiness,
         stats,
         metrics: metrics.clone(),
+        admin_listener,
+        admin,
         cores_ready: cores_ready.clone(),
         shutdown: shutdown_tx,
         drain: cfg.drain_timeout,
@@ -179,6 +204,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .entry("stats")
         .or_default()
         .push(stats_addr.to_string());
+    by_path
+        .entry("admin")
+        .or_default()
+        .push(admin_addr.to_string());
     if let Some(file) = &args.bound_addrs_file {
         let json = serde_json::json!({ "listeners": by_path, "cores": plan.cpus.len(), "pid": std::process::id() });
         std::fs::write(file, json.to_string())
@@ -211,6 +240,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     tracing::info!("ringway stopped");
     Ok(())
+}
+
+/// The `config` of `/config_dump`: the settings ringway runs with.
+fn static_config(args: &Args, plan: &crate::config::CorePlan) -> serde_json::Value {
+    serde_json::json!({
+        "proxyMode": if args.proxy_workload.is_some() { "Dedicated" } else { "Shared" },
+        "proxyWorkloadInformation": args.proxy_workload.as_ref().map(|w| w.to_string()),
+        "localNode": args.node_name,
+        "network": args.network,
+        "xdsAddress": args.xds_address,
+        "xdsOnDemand": args.xds_on_demand,
+        "caAddress": args.ca_address,
+        "clusterId": args.cluster_id,
+        "localXdsPath": args.config.as_ref().map(|p| p.display().to_string()),
+        "adminAddr": args.admin_addr.to_string(),
+        "statsAddr": args.stats_addr.to_string(),
+        "readinessAddr": args.readiness_addr.to_string(),
+        "cores": plan.cpus,
+        "pinned": plan.pin,
+        "requireOriginalSource": args.orig_src,
+        "fastPath": !args.no_fast_path,
+    })
 }
 
 /// The config source from the flags: xDS when --xds-address is set

@@ -295,6 +295,16 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_STATS_ADDR", default_value = "0.0.0.0:15020")]
     pub stats_addr: SocketAddr,
 
+    /// Admin endpoint (`/config_dump`, `/logging`, `/quitquitquit`,
+    /// `/cores`). Loopback only unless --admin-allow-remote: it can stop
+    /// the proxy and shows its whole config.
+    #[arg(long, env = "RINGWAY_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    pub admin_addr: SocketAddr,
+
+    /// Let --admin-addr be a non-loopback address.
+    #[arg(long, env = "RINGWAY_ADMIN_ALLOW_REMOTE")]
+    pub admin_allow_remote: bool,
+
     /// Log format.
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -53,6 +53,10 @@ pub struct Control {
     /// The metrics endpoint's listener, and what it reports.
     pub stats: std::net::TcpListener,
     pub metrics: Arc<crate::metrics::MetricsHub>,
+    /// The admin endpoint's listener (loopback unless allowed otherwise),
+    /// and what it serves; its /quitquitquit notifies `admin.quit`.
+    pub admin_listener: std::net::TcpListener,
+    pub admin: crate::admin::Admin,
     /// Set by the main thread once every core has its listeners bound.
     pub cores_ready: Arc<AtomicBool>,
     pub shutdown: watch::Sender<bool>,
@@ -136,6 +140,7 @@ impl Control {
         };
 
         // Readiness: the config source has delivered, and cores listen.
+        let mut xds_status = None;
         let source_ready: Box<dyn Fn() -> bool + Send + Sync> = match self.source {
             ConfigSource::Local { path, poll } => {
                 if let Some(path) = path {
@@ -146,6 +151,7 @@ impl Control {
             ConfigSource::Xds { cfg, on_demand } => {
                 let status = XdsStatus::new();
                 let ready = status.clone();
+                xds_status = Some(status.clone());
                 let publisher = self.snapshots.clone();
                 tokio::spawn(async move {
                     if let Err(e) = xds::run(*cfg, publisher, status, on_demand).await {
@@ -158,7 +164,13 @@ impl Control {
         let cores_ready = self.cores_ready.clone();
         let ready = Arc::new(move || source_ready() && cores_ready.load(Ordering::Acquire));
         let metrics = self.metrics.clone();
-        let endpoints = [(self.readiness, "readiness"), (self.stats, "metrics")];
+        let quit = self.admin.quit.clone();
+        let admin = Arc::new(self.admin);
+        let endpoints = [
+            (self.readiness, "readiness"),
+            (self.stats, "metrics"),
+            (self.admin_listener, "admin"),
+        ];
         for (listener, what) in endpoints {
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
@@ -167,8 +179,19 @@ impl Control {
                     return;
                 }
             };
-            let (ready, metrics) = (ready.clone(), metrics.clone());
-            let answer = move |path: &str| -> (&'static str, &'static str, String) {
+            let (ready, metrics, admin) = (ready.clone(), metrics.clone(), admin.clone());
+            let xds = xds_status.clone();
+            let answer = move |method: &str, path: &str, query: &str| -> Answer {
+                if what == "admin" {
+                    return admin.answer(method, path, query);
+                }
+                if method != "GET" && method != "HEAD" {
+                    return (
+                        "405 Method Not Allowed",
+                        TEXT,
+                        "method not allowed\n".into(),
+                    );
+                }
                 match (what, path) {
                     ("readiness", "/healthz/ready") if ready() => {
                         ("200 OK", TEXT, "ready\n".into())
@@ -177,7 +200,8 @@ impl Control {
                         ("503 Service Unavailable", TEXT, "not ready\n".into())
                     }
                     ("metrics", "/metrics" | "/stats/prometheus") => {
-                        let body = metrics.render(&crate::metrics::ProcessStats::read());
+                        let process = crate::metrics::ProcessStats::read();
+                        let body = metrics.render(&process, xds.as_ref().map(|x| x.metrics()));
                         ("200 OK", PROMETHEUS, body)
                     }
                     _ => ("404 Not Found", TEXT, "not found\n".into()),
@@ -192,6 +216,7 @@ impl Control {
         tokio::select! {
             _ = term.recv() => tracing::info!(?drain, "SIGTERM: no longer accepting; draining open connections"),
             _ = int.recv() => tracing::info!(?drain, "SIGINT: no longer accepting; draining open connections"),
+            _ = quit.notified() => tracing::info!(?drain, "/quitquitquit: no longer accepting; draining open connections"),
         }
         let _ = self.shutdown.send(true);
         tokio::select! {
@@ -241,15 +266,17 @@ const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Requests larger than this get 431 and a close.
 const MAX_REQUEST: usize = 8 << 10;
 
+use crate::admin::Answer;
+
 /// A deliberately small HTTP/1.1 server for the side endpoints (readiness
-/// for kubelet, metrics for Prometheus): one GET per connection, answered
-/// by `answer(path)` with (status, content type, body). What it is not
-/// made for gets a 4xx and a close, never a crash: another method 405, a
-/// request that is not HTTP 400, one over 8 KiB 431, one slower than 5 s
-/// is closed.
+/// for kubelet, metrics for Prometheus, admin): one request per
+/// connection, answered by `answer(method, path, query)` with (status,
+/// content type, body). What it is not made for gets a 4xx and a close,
+/// never a crash: a request that is not HTTP 400, one over 8 KiB 431, one
+/// slower than 5 s is closed.
 async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
 where
-    F: Fn(&str) -> (&'static str, &'static str, String) + Send + Sync + 'static,
+    F: Fn(&str, &str, &str) -> Answer + Send + Sync + 'static,
 {
     let answer = Arc::new(answer);
     loop {
@@ -264,8 +291,8 @@ where
             let (status, kind, body) = match head {
                 Err(_) => return, // too slow: closed
                 Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
-                Ok(Ok((method, path))) if method == "GET" || method == "HEAD" => {
-                    let (status, kind, body) = answer(&path);
+                Ok(Ok((method, path, query))) => {
+                    let (status, kind, body) = answer(&method, &path, &query);
                     (
                         status,
                         kind,
@@ -276,11 +303,6 @@ where
                         },
                     )
                 }
-                Ok(Ok(_)) => (
-                    "405 Method Not Allowed",
-                    TEXT,
-                    "method not allowed\n".into(),
-                ),
             };
             let resp = format!(
                 "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -293,9 +315,11 @@ where
     }
 }
 
-/// Reads a request head; its method and path (query dropped), or the
-/// status to refuse it with.
-async fn read_head(s: &mut tokio::net::TcpStream) -> Result<(String, String), &'static str> {
+/// Reads a request head; its method, path and query, or the status to
+/// refuse it with.
+async fn read_head(
+    s: &mut tokio::net::TcpStream,
+) -> Result<(String, String, String), &'static str> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -312,8 +336,8 @@ async fn read_head(s: &mut tokio::net::TcpStream) -> Result<(String, String), &'
     let mut parts = line.split_whitespace();
     match (parts.next(), parts.next(), parts.next()) {
         (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
-            let path = target.split('?').next().unwrap_or(target);
-            Ok((method.to_owned(), path.to_owned()))
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            Ok((method.to_owned(), path.to_owned(), query.to_owned()))
         }
         _ => Err("400 Bad Request"),
     }

@@ -19,6 +19,7 @@
 //! - [`app`]: wiring it together for the binary.
 
 pub mod accesslog;
+pub mod admin;
 pub mod app;
 pub mod authorization;
 pub mod config;

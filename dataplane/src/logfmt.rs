@@ -30,6 +30,26 @@ pub fn dropped_lines() -> usize {
     DROPPED.get().map_or(0, |c| c.dropped_lines())
 }
 
+/// Reads, and with a new spec replaces, the log filter at runtime: the
+/// admin endpoint's `/logging`. Returns the filter now in force.
+pub type FilterControl = Box<dyn Fn(Option<&str>) -> Result<String, String> + Send + Sync>;
+
+static FILTER: OnceLock<FilterControl> = OnceLock::new();
+
+/// Registers the filter control (once, at startup).
+pub fn set_filter_control(control: FilterControl) {
+    let _ = FILTER.set(control);
+}
+
+/// The filter in force, after applying `spec` (`info`, `access=warn,debug`,
+/// ...) if given.
+pub fn log_filter(spec: Option<&str>) -> Result<String, String> {
+    match FILTER.get() {
+        Some(f) => f(spec),
+        None => Err("logging is not set up".into()),
+    }
+}
+
 /// The event formatter: JSON or text, both as ztunnel writes them.
 pub struct ZtunnelFormat {
     pub json: bool,

@@ -30,11 +30,23 @@ fn init_logging(
         .thread_name("ringway-log")
         .finish(std::io::stdout());
     ringway_dataplane::logfmt::set_dropped_counter(writer.error_counter());
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .event_format(ringway_dataplane::logfmt::ZtunnelFormat { json })
         .with_writer(writer)
-        .init();
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    builder.init();
+    // The admin endpoint's /logging: read or replace the filter.
+    ringway_dataplane::logfmt::set_filter_control(Box::new(move |spec| {
+        if let Some(spec) = spec {
+            let filter = EnvFilter::try_new(spec).map_err(|e| format!("{e}"))?;
+            handle.reload(filter).map_err(|e| format!("{e}"))?;
+        }
+        handle
+            .with_current(|f| f.to_string())
+            .map_err(|e| format!("{e}"))
+    }));
     guard
 }
 

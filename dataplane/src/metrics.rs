@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringway_controlplane::model::{Service, Workload};
+use ringway_controlplane::sources::xds::{
+    TerminationReason, XdsMetrics, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
+};
 
 /// A counter (or gauge) that one core writes and any thread reads.
 #[derive(Default, Debug)]
@@ -162,6 +165,10 @@ pub struct CoreStats {
     pub open_connections: Counter,
     pub task_panics: Counter,
     pub late_rejections: Counter,
+    /// The snapshot version the core serves.
+    pub snapshot_version: Counter,
+    /// Pooled outbound HBONE connections.
+    pub pool_connections: Counter,
 }
 
 /// A core's metrics.
@@ -279,6 +286,11 @@ const TCP_METRICS: [(&str, &str); 5] = [
 ];
 
 impl MetricsHub {
+    /// Every core's stats, in core order.
+    pub fn cores(&self) -> Vec<Arc<CoreStats>> {
+        self.cores.lock().expect("not poisoned").clone()
+    }
+
     /// The metrics of one more core.
     pub fn core(&self) -> CoreMetrics {
         let stats = Arc::new(CoreStats::default());
@@ -293,7 +305,7 @@ impl MetricsHub {
 
     /// The Prometheus text exposition of everything, label sets merged
     /// across cores.
-    pub fn render(&self, process: &ProcessStats) -> String {
+    pub fn render(&self, process: &ProcessStats, xds: Option<&XdsMetrics>) -> String {
         let mut sets = self.sets.lock().expect("not poisoned");
         sets.extend(self.new_sets.try_iter());
         // labels → [opened, closed per flag, received, sent, failed per flag]
@@ -335,6 +347,24 @@ impl MetricsHub {
                 }
             }
         }
+        // Open connections per reporter: opened minus closed.
+        let mut open: BTreeMap<&str, u64> = BTreeMap::new();
+        for (labels, v) in &merged {
+            let reporter = labels
+                .strip_prefix("reporter=\"")
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("unknown");
+            let closed: u64 = v[3..3 + FLAGS.len()].iter().sum();
+            *open.entry(reporter).or_default() += v[0].saturating_sub(closed);
+        }
+        let name = "istio_tcp_sockets_open";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The current number of open TCP connections.\n# TYPE {name} gauge"
+        );
+        for (reporter, n) in open {
+            let _ = writeln!(out, "{name}{{reporter=\"{reporter}\"}} {n}");
+        }
         let cores = self.cores.lock().expect("not poisoned");
         let gauge = |out: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}");
@@ -375,7 +405,7 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
-        let per_core: [PerCore; 3] = [
+        let per_core: [PerCore; 5] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -394,7 +424,22 @@ impl MetricsHub {
                 "Open connections a core closed because a new policy denied them",
                 |s| s.late_rejections.get(),
             ),
+            (
+                "ringway_core_hbone_pool_connections",
+                "gauge",
+                "Pooled outbound HBONE connections on a core",
+                |s| s.pool_connections.get(),
+            ),
+            (
+                "ringway_core_snapshot_version",
+                "gauge",
+                "The config snapshot version a core serves",
+                |s| s.snapshot_version.get(),
+            ),
         ];
+        if let Some(x) = xds {
+            render_xds(&mut out, x);
+        }
         for (name, kind, help, get) in per_core {
             gauge(&mut out, name, kind, help);
             for (i, s) in cores.iter().enumerate() {
@@ -402,6 +447,68 @@ impl MetricsHub {
             }
         }
         out
+    }
+}
+
+/// ztunnel's xDS client series: messages and bytes per type URL, stream
+/// terminations per reason.
+fn render_xds(out: &mut String, x: &XdsMetrics) {
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let types = [
+        (ADDRESS_TYPE_URL, &x.address),
+        (AUTHORIZATION_TYPE_URL, &x.authorization),
+    ];
+    for (name, help, bytes) in [
+        (
+            "istio_xds_message_total",
+            "Total number of messages received",
+            false,
+        ),
+        (
+            "istio_xds_message_bytes_total",
+            "Total number of bytes received",
+            true,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+        for (url, c) in types {
+            let v = if bytes {
+                load(&c.bytes)
+            } else {
+                load(&c.messages)
+            };
+            let _ = writeln!(out, "{name}{{url=\"{url}\"}} {v}");
+        }
+    }
+    let name = "istio_xds_connection_terminations_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} The total number of completed connections to xds server.\n# TYPE {name} counter"
+    );
+    for reason in TerminationReason::ALL {
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"{}\"}} {}",
+            reason.label(),
+            x.terminations(reason)
+        );
+    }
+    for (name, help, v) in [
+        (
+            "ringway_xds_nacks_total",
+            "Responses ringway NACKed",
+            load(&x.nacks_sent),
+        ),
+        (
+            "ringway_xds_resources_rejected_total",
+            "Resources ringway refused (conversion or validation)",
+            load(&x.resources_rejected),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}.\n# TYPE {name} counter\n{name} {v}"
+        );
     }
 }
 
@@ -501,16 +608,16 @@ fn render_labels(out: &mut String, l: &ConnLabels<'_>) {
         l.src.and_then(|w| w.locality.as_ref()),
         l.dst.and_then(|w| w.locality.as_ref()),
     );
-    if src_loc.is_some() || dst_loc.is_some() {
-        put(out, "source_region", &src_loc.map_or("", |l| &l.region));
-        put(out, "source_zone", &src_loc.map_or("", |l| &l.zone));
-        put(
-            out,
-            "destination_region",
-            &dst_loc.map_or("", |l| &l.region),
-        );
-        put(out, "destination_zone", &dst_loc.map_or("", |l| &l.zone));
-    }
+    // Always written, `unknown` when not known: ztunnel's scrape has them
+    // on every series (checked against it in tests/ztunnel_diff.rs).
+    put(out, "source_region", &src_loc.map_or("", |l| &l.region));
+    put(out, "source_zone", &src_loc.map_or("", |l| &l.zone));
+    put(
+        out,
+        "destination_region",
+        &dst_loc.map_or("", |l| &l.region),
+    );
+    put(out, "destination_zone", &dst_loc.map_or("", |l| &l.zone));
 }
 
 #[cfg(test)]
@@ -579,11 +686,20 @@ mod tests {
         }
         a.counters(&labels).close(ResponseFlag::Deny, true);
         assert!(Arc::ptr_eq(&a.counters(&labels), &a.counters(&labels)));
-        let text = hub.render(&ProcessStats {
-            open_fds: 3,
-            max_fds: 10,
-            log_lines_dropped: 0,
-        });
+        let text = hub.render(
+            &ProcessStats {
+                open_fds: 3,
+                max_fds: 10,
+                log_lines_dropped: 0,
+            },
+            Some(&XdsMetrics::default()),
+        );
+        assert!(
+            text.contains(
+                "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} 0"
+            ),
+            "{text}"
+        );
         let line = |name: &str| {
             text.lines()
                 .filter(|l| l.starts_with(name))

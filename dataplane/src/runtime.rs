@@ -304,6 +304,8 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                 let s = &core.metrics.stats;
                 s.task_panics.set(crate::executor::task_panics());
                 s.late_rejections.set(core.admitted.late_rejections());
+                s.snapshot_version.set(core.snapshot().version());
+                s.pool_connections.set(core.pool.connections() as u64);
                 crate::executor::timer::sleep(Duration::from_secs(1)).await;
             }
         })

@@ -247,6 +247,17 @@ fn config_from_xds_deltas_and_control_plane_down() {
         hbone["src.identity"],
         "spiffe://cluster.local/ns/default/sa/client"
     );
+    // The xDS client's counters reach the scrape, as ztunnel's series.
+    let (_, scrape) = rw.http_get("stats", "/metrics");
+    let received = scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "istio_xds_message_total{url=\"type.googleapis.com/istio.workload.Address\"} ",
+            )
+        })
+        .unwrap_or_else(|| panic!("no xDS series in\n{scrape}"));
+    assert!(received.parse::<u64>().unwrap() >= 1, "{scrape}");
 
     // The control plane goes away: the last snapshot and the certificates
     // keep serving new connections.

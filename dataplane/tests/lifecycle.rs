@@ -79,13 +79,11 @@ fn nonexistent_core_fails_fast() {
 #[test]
 fn embedded_default_starts_without_any_file() {
     let mut rw = common::Ringway::start_embedded(None, &LISTEN_ANY_PORT);
-    let logs = rw.logs();
-    assert!(
-        logs.iter().any(|l| l["message"]
+    rw.wait_log("the embedded default", |l| {
+        l["message"]
             .as_str()
-            .is_some_and(|m| m.contains("embedded default config"))),
-        "{logs:#?}"
-    );
+            .is_some_and(|m| m.contains("embedded default config"))
+    });
     rw.signal(libc::SIGTERM);
     assert!(rw.wait_exit(Duration::from_secs(10)).success());
 }
@@ -174,14 +172,12 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
         !r.1,
         "the HBONE workload must not receive a plaintext connection"
     );
-    let logs = rw.access_logs();
-    assert!(
-        logs.iter().any(|l| l["dst.addr"] == "127.0.0.6:9103"
+    rw.wait_log("the fail-closed refusal", |l| {
+        l["dst.addr"] == "127.0.0.6:9103"
             && l["error"]
                 .as_str()
-                .is_some_and(|e| e.contains("fail closed"))),
-        "{logs:#?}"
-    );
+                .is_some_and(|e| e.contains("fail closed"))
+    });
 }
 
 #[test]
@@ -260,13 +256,11 @@ fn drain_deadline_closes_lingering_connections() {
         common::peer_closed(&read),
         "the lingering connection is closed: {read:?}"
     );
-    let logs = rw.access_logs();
-    assert!(
-        logs.iter().any(|l| l["error"]
+    rw.wait_log("the drain-deadline closure", |l| {
+        l["error"]
             .as_str()
-            .is_some_and(|e| e.contains("drain deadline"))),
-        "{logs:#?}"
-    );
+            .is_some_and(|e| e.contains("drain deadline"))
+    });
 }
 
 #[test]

@@ -623,10 +623,30 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
     );
     let mut mismatches = 0;
     let mut details = String::new();
-    let (rw_log, zt_text) = (
-        std::fs::read_to_string(&rw.log_path).unwrap_or_default(),
-        zt.log(),
-    );
+    // Both proxies write a connection's line when it ends, a moment after
+    // the probe saw the end (ringway's from its log-writer thread): wait
+    // until every probe has its line on both sides, or 5 s.
+    let logged = |rw_log: &str, zt_text: &str| {
+        probes.iter().all(|p| {
+            rw_log
+                .lines()
+                .any(|l| p.related(l) && ringway_access(l).is_some())
+                && zt_text
+                    .lines()
+                    .any(|l| p.related(l) && ztunnel_access(l).is_some())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (rw_log, zt_text) = loop {
+        let (rw_log, zt_text) = (
+            std::fs::read_to_string(&rw.log_path).unwrap_or_default(),
+            zt.log(),
+        );
+        if logged(&rw_log, &zt_text) || Instant::now() > deadline {
+            break (rw_log, zt_text);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     for (p, (r, z)) in probes.iter().zip(&verdicts) {
         if r == z {
             if let Err(why) = same_access_log(p, &rw_log, &zt_text) {
@@ -649,6 +669,14 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
                     details += &format!("    {who}: {line}\n");
                 }
             }
+        }
+    }
+    if n == 0 {
+        // The baseline carried traffic both ways: both scrapes have the
+        // same istio_tcp_* series, with the same labels in the same order.
+        if let Err(why) = same_series(&rw, &rig.ztunnel.server.name) {
+            mismatches += 1;
+            table += &format!("  metrics differ: {why}\n");
         }
     }
     if mismatches > 0 {
@@ -796,6 +824,52 @@ fn ztunnel_access_lines_parse() {
     assert_eq!(f["bytes_sent"], "0");
     assert_eq!(f["error"], "denied: \\\"x\\\" by: srv/deny");
     assert!(ztunnel_access("2026\tinfo\tapp\tstarted").is_none());
+}
+
+/// For each `istio_tcp_*` metric: its label names, in order, per series.
+fn tcp_series(scrape: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for line in scrape.lines().filter(|l| l.starts_with("istio_tcp_")) {
+        let Some((name, rest)) = line.split_once('{') else {
+            continue;
+        };
+        let labels = rest.rsplit_once('}').map_or("", |(l, _)| l);
+        let keys: Vec<String> = labels
+            .split("\",")
+            .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.to_owned()))
+            .collect();
+        out.entry(name.to_owned()).or_insert(keys);
+    }
+    out
+}
+
+/// ringway's scrape has every istio_tcp_* metric ztunnel's has, with the
+/// same label names in the same order.
+fn same_series(rw: &common::Ringway, ztunnel_netns: &str) -> Result<(), String> {
+    let (_, ours) = rw.http_get("stats", "/metrics");
+    let theirs = in_netns(ztunnel_netns, || {
+        let mut s = TcpStream::connect("127.0.0.1:15020").map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        Ok::<_, String>(text)
+    })?;
+    let (ours, theirs) = (tcp_series(&ours), tcp_series(&theirs));
+    if theirs.is_empty() {
+        return Err("ztunnel's scrape has no istio_tcp_* series".into());
+    }
+    for (name, keys) in &theirs {
+        match ours.get(name) {
+            None => return Err(format!("ringway has no {name}")),
+            Some(k) if k != keys => {
+                return Err(format!("{name}: ringway labels {k:?}, ztunnel {keys:?}"))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 fn indent(text: &str) -> String {

@@ -15,6 +15,7 @@ pub mod authz;
 pub mod identity;
 pub mod routing;
 pub mod snapshot;
+pub mod time;
 
 use std::collections::BTreeMap;
 use std::fmt;

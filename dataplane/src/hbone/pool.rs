@@ -223,6 +223,11 @@ impl Pool {
     }
 
     /// Drops broken connections and idle ones past the idle timeout.
+    /// Pooled connections open now (for the per-core view).
+    pub fn connections(&self) -> usize {
+        self.conns.borrow().values().map(Vec::len).sum()
+    }
+
     pub fn reap(&self) {
         let idle = self.cfg.idle_timeout;
         self.conns.borrow_mut().retain(|_, list| {

@@ -8,6 +8,8 @@
 //!
 //! Uses only the [`model`](crate::model) and [`publish`](crate::publish).
 
+pub mod dump;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
@@ -1075,6 +1077,14 @@ fn deserialize_port<'de, D: Deserializer<'de>>(d: D, allow_zero: bool) -> Result
             match u64::try_from(v) {
                 Ok(v) => self.visit_u64(v),
                 Err(_) => Err(E::custom(format!("invalid port {v}: must not be negative"))),
+            }
+        }
+        /// A quoted port: JSON map keys are strings (ztunnel's own dumps
+        /// write `{"80": 8080}`).
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<u16, E> {
+            match v.parse::<u64>() {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::custom(format!("invalid port {v:?}: not a number"))),
             }
         }
     }

@@ -1,0 +1,195 @@
+//! The admin endpoint (15000, loopback only unless `--admin-allow-remote`),
+//! served by the control thread like ztunnel's:
+//!
+//! - `GET /config_dump`: what is loaded, in ztunnel's shape (`workloads`,
+//!   `services`, `policies` in the local config schema, `certificates`,
+//!   `staticConfig`, `config`, `version`), for `istioctl ztunnel-config`
+//!   and scripts written for ztunnel;
+//! - `GET|POST /logging[?level=SPEC]`: shows, or replaces, the log filter
+//!   (`RUST_LOG` syntax);
+//! - `POST /quitquitquit`: starts a graceful drain, as SIGTERM does;
+//! - `GET /cores`: the per-core view for tuning pinning (connections,
+//!   pooled HBONE connections, the snapshot version each core runs, task
+//!   panics, late rejections).
+
+use std::sync::Arc;
+
+use ringway_controlplane::model::time::rfc3339_utc;
+use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
+use ringway_controlplane::sources::local::dump::dump;
+use ringway_controlplane::SnapshotPublisher;
+use serde_json::{json, Value};
+
+use crate::metrics::MetricsHub;
+
+/// What the admin endpoint reads.
+pub struct Admin {
+    pub snapshots: SnapshotPublisher,
+    pub certs: CertPublisher,
+    pub metrics: Arc<MetricsHub>,
+    /// The flags ringway runs with (`config` in the dump).
+    pub config: Value,
+    pub node: Option<String>,
+    /// Starts the drain.
+    pub quit: Arc<tokio::sync::Notify>,
+}
+
+/// An answer: status line, content type, body.
+pub type Answer = (&'static str, &'static str, String);
+
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
+
+impl Admin {
+    pub fn answer(&self, method: &str, path: &str, query: &str) -> Answer {
+        let get = method == "GET" || method == "HEAD";
+        match path {
+            "/config_dump" if get => ("200 OK", JSON, pretty(&self.config_dump())),
+            "/cores" if get => ("200 OK", JSON, pretty(&self.cores())),
+            "/logging" if get || method == "POST" => self.logging(query),
+            "/quitquitquit" if method == "POST" => {
+                tracing::info!("admin: /quitquitquit: no longer accepting; draining");
+                self.quit.notify_one();
+                ("200 OK", TEXT, "draining\n".into())
+            }
+            "/config_dump" | "/cores" | "/logging" | "/quitquitquit" => (
+                "405 Method Not Allowed",
+                TEXT,
+                "method not allowed\n".into(),
+            ),
+            "/" => (
+                "200 OK",
+                TEXT,
+                "ringway admin: /config_dump /cores /logging[?level=...] /quitquitquit (POST)\n"
+                    .into(),
+            ),
+            _ => ("404 Not Found", TEXT, "not found\n".into()),
+        }
+    }
+
+    fn config_dump(&self) -> Value {
+        let snap = self.snapshots.current();
+        let mut out = dump(&snap);
+        let static_config = out.clone();
+        let o = out.as_object_mut().expect("an object");
+        o.insert("stagedServices".into(), json!({}));
+        o.insert("staticConfig".into(), static_config);
+        o.insert("certificates".into(), self.certificates(&snap));
+        o.insert("config".into(), self.config.clone());
+        o.insert(
+            "version".into(),
+            json!({
+                "version": env!("CARGO_PKG_VERSION"),
+                "component": "ringway",
+                "snapshotVersion": snap.version(),
+                "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" },
+            }),
+        );
+        out
+    }
+
+    /// Every identity a local HBONE workload needs: `Available` with its
+    /// validity once issued, `Initializing` until then.
+    fn certificates(&self, snap: &ringway_controlplane::Snapshot) -> Value {
+        let issued = self.certs.current();
+        let mut rows = Vec::new();
+        for id in wanted_identities(snap, self.node.as_deref()) {
+            let row = match issued.get(&id) {
+                Some(c) => json!({
+                    "identity": id.to_string(),
+                    "state": "Available",
+                    "validFrom": rfc3339_utc(c.not_before),
+                    "expirationTime": rfc3339_utc(c.not_after),
+                }),
+                None => json!({ "identity": id.to_string(), "state": "Initializing" }),
+            };
+            rows.push(row);
+        }
+        Value::Array(rows)
+    }
+
+    fn cores(&self) -> Value {
+        let cores: Vec<Value> = self
+            .metrics
+            .cores()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                json!({
+                    "core": i,
+                    "openConnections": s.open_connections.get(),
+                    "hbonePoolConnections": s.pool_connections.get(),
+                    "snapshotVersion": s.snapshot_version.get(),
+                    "taskPanics": s.task_panics.get(),
+                    "lateRejections": s.late_rejections.get(),
+                })
+            })
+            .collect();
+        json!({ "publishedSnapshotVersion": self.snapshots.current().version(), "cores": cores })
+    }
+
+    fn logging(&self, query: &str) -> Answer {
+        let level = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("level="))
+            .map(percent_decode);
+        match crate::logfmt::log_filter(level.as_deref()) {
+            Ok(now) => {
+                if let Some(l) = &level {
+                    tracing::info!(filter = %now, requested = %l, "admin: log filter changed");
+                }
+                ("200 OK", TEXT, format!("current log level is {now}\n"))
+            }
+            Err(e) => (
+                "400 Bad Request",
+                TEXT,
+                format!(
+                    "invalid level: {e}\nusage: /logging?level=<error|warn|info|debug|trace|off> \
+                     or <target>=<level>,...\n"
+                ),
+            ),
+        }
+    }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+}
+
+/// `%2C` and friends, and `+` as a space.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+                    .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+                if let Some(b) = hex {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_decode() {
+        assert_eq!(percent_decode("access%3Dwarn%2Cinfo"), "access=warn,info");
+        assert_eq!(percent_decode("a+b%zz%4"), "a b%zz%4");
+    }
+}

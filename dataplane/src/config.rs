@@ -286,7 +286,8 @@ pub struct Args {
     pub control_core: Option<usize>,
 
     /// Readiness endpoint (`GET /healthz/ready`): 200 once the first config
-    /// of each type is applied and every core's listeners are bound.
+    /// of each type is applied, every core's listeners are bound and every
+    /// local HBONE workload has its certificate; 503 again if a core stops.
     #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     pub readiness_addr: SocketAddr,
 

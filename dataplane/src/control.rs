@@ -15,7 +15,7 @@ use ringway_controlplane::security::caclient::{CaClient, CaClientConfig};
 use ringway_controlplane::security::certmanager::{
     BuiltinCaSource, CertManager, CertManagerConfig, CertRequests, CertSource,
 };
-use ringway_controlplane::security::certs::CertPublisher;
+use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
 use ringway_controlplane::sources::local;
 use ringway_controlplane::sources::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
 use ringway_controlplane::SnapshotPublisher;
@@ -162,7 +162,22 @@ impl Control {
             }
         };
         let cores_ready = self.cores_ready.clone();
-        let ready = Arc::new(move || source_ready() && cores_ready.load(Ordering::Acquire));
+        // And every local HBONE workload has its certificate: before that,
+        // its inbound tunnels would be refused.
+        let (snapshots, certs, node) = (
+            self.snapshots.clone(),
+            self.cert_publisher.clone(),
+            self.node.clone(),
+        );
+        let certs_ready = move || {
+            let (snap, issued) = (snapshots.current(), certs.current());
+            wanted_identities(&snap, node.as_deref())
+                .iter()
+                .all(|id| issued.get(id).is_some())
+        };
+        let ready = Arc::new(move || {
+            source_ready() && cores_ready.load(Ordering::Acquire) && certs_ready()
+        });
         let metrics = self.metrics.clone();
         let quit = self.admin.quit.clone();
         let admin = Arc::new(self.admin);

@@ -9,8 +9,8 @@
 //!   (`RUST_LOG` syntax);
 //! - `POST /quitquitquit`: starts a graceful drain, as SIGTERM does;
 //! - `GET /cores`: the per-core view for tuning pinning (connections,
-//!   pooled HBONE connections, the snapshot version each core runs, task
-//!   panics, late rejections).
+//!   pooled HBONE connections, pipes and buffers held, tasks, the snapshot
+//!   version each core runs, task panics, late rejections).
 
 use std::sync::Arc;
 
@@ -120,6 +120,9 @@ impl Admin {
                     "openConnections": s.open_connections.get(),
                     "hbonePoolConnections": s.pool_connections.get(),
                     "snapshotVersion": s.snapshot_version.get(),
+                    "pipesHeld": s.pipes_held.get(),
+                    "buffersHeld": s.buffers_held.get(),
+                    "tasks": s.tasks.get(),
                     "taskPanics": s.task_panics.get(),
                     "lateRejections": s.late_rejections.get(),
                 })

@@ -9,7 +9,7 @@
 //! Core-local (!Send).
 
 use crate::accesslog::ByteCount;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -51,8 +51,54 @@ trait Stage {
     fn drain(&mut self, dst: RawFd) -> io::Result<usize>;
 }
 
+thread_local! {
+    /// Pipes and buffers this core holds (pooled or in use): [pipes,
+    /// buffers]. Per thread is per core: they never leave it.
+    static HELD: [Cell<usize>; 2] = const { [Cell::new(0), Cell::new(0)] };
+}
+
+/// The pipes and the copy buffers this core holds now, pooled or in use
+/// (the admin's per-core view).
+pub fn held() -> (usize, usize) {
+    HELD.with(|h| (h[0].get(), h[1].get()))
+}
+
+/// A pipe (kind 0) or a buffer (kind 1), counted in [`HELD`] while it
+/// exists, however it ends (returned to the pool, dropped, or dropped
+/// with a cancelled connection).
+struct Held<T, const KIND: usize>(T);
+
+impl<T, const KIND: usize> Held<T, KIND> {
+    fn new(value: T) -> Self {
+        HELD.with(|h| h[KIND].set(h[KIND].get() + 1));
+        Held(value)
+    }
+}
+
+impl<T, const KIND: usize> Drop for Held<T, KIND> {
+    fn drop(&mut self) {
+        let _ = HELD.try_with(|h| h[KIND].set(h[KIND].get().saturating_sub(1)));
+    }
+}
+
+impl<T, const KIND: usize> std::ops::Deref for Held<T, KIND> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T, const KIND: usize> std::ops::DerefMut for Held<T, KIND> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+type HeldPipe = Held<Pipe, 0>;
+type HeldBuffer = Held<Box<[u8]>, 1>;
+
 struct PipeStage {
-    pipe: Pipe,
+    pipe: HeldPipe,
     pending: usize,
 }
 
@@ -77,7 +123,7 @@ impl Stage for PipeStage {
 }
 
 struct BufStage {
-    buf: Box<[u8]>,
+    buf: HeldBuffer,
     start: usize,
     end: usize,
 }
@@ -110,8 +156,8 @@ impl Stage for BufStage {
 pub struct Copier {
     poller: Rc<Poller>,
     mode: CopyMode,
-    pipes: RefCell<Vec<Pipe>>,
-    buffers: RefCell<Vec<Box<[u8]>>>,
+    pipes: RefCell<Vec<HeldPipe>>,
+    buffers: RefCell<Vec<HeldBuffer>>,
 }
 
 /// Why a direction stopped early.
@@ -218,7 +264,7 @@ impl Copier {
                         let pipe = self.pipes.borrow_mut().pop();
                         let pipe = match pipe {
                             Some(p) => p,
-                            None => Pipe::new(PIPE_SIZE)?,
+                            None => Held::new(Pipe::new(PIPE_SIZE)?),
                         };
                         Ok(PipeStage { pipe, pending: 0 })
                     },
@@ -240,7 +286,9 @@ impl Copier {
                     || {
                         let buf = self.buffers.borrow_mut().pop();
                         Ok(BufStage {
-                            buf: buf.unwrap_or_else(|| vec![0u8; BUFFER_SIZE].into_boxed_slice()),
+                            buf: buf.unwrap_or_else(|| {
+                                Held::new(vec![0u8; BUFFER_SIZE].into_boxed_slice())
+                            }),
                             start: 0,
                             end: 0,
                         })
@@ -350,5 +398,23 @@ impl CopyOutcome {
             CopyOutcome::ResetByA(e) => format!("reset by downstream: {e}"),
             CopyOutcome::ResetByB(e) => format!("reset by upstream: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::*;
+
+    #[test]
+    fn held_pipes_and_buffers_are_counted_until_dropped() {
+        let before = held();
+        let pipe: HeldPipe = Held::new(Pipe::new(PIPE_SIZE).unwrap());
+        let buffers: Vec<HeldBuffer> = (0..3)
+            .map(|_| Held::new(vec![0u8; 16].into_boxed_slice()))
+            .collect();
+        assert_eq!(held(), (before.0 + 1, before.1 + 3));
+        drop(pipe);
+        drop(buffers);
+        assert_eq!(held(), before);
     }
 }

@@ -169,6 +169,11 @@ pub struct CoreStats {
     pub snapshot_version: Counter,
     /// Pooled outbound HBONE connections.
     pub pool_connections: Counter,
+    /// Splice pipes and copy buffers held (pooled or in use).
+    pub pipes_held: Counter,
+    pub buffers_held: Counter,
+    /// Tasks alive on the core.
+    pub tasks: Counter,
 }
 
 /// A core's metrics.
@@ -405,7 +410,7 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
-        let per_core: [PerCore; 5] = [
+        let per_core: [PerCore; 8] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -435,6 +440,24 @@ impl MetricsHub {
                 "gauge",
                 "The config snapshot version a core serves",
                 |s| s.snapshot_version.get(),
+            ),
+            (
+                "ringway_core_pipes_held",
+                "gauge",
+                "Splice pipes a core holds, pooled or in use",
+                |s| s.pipes_held.get(),
+            ),
+            (
+                "ringway_core_buffers_held",
+                "gauge",
+                "Copy buffers a core holds, pooled or in use",
+                |s| s.buffers_held.get(),
+            ),
+            (
+                "ringway_core_tasks",
+                "gauge",
+                "Tasks alive on a core (the counterpart of tokio's alive tasks)",
+                |s| s.tasks.get(),
             ),
         ];
         if let Some(x) = xds {

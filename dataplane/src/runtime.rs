@@ -306,6 +306,10 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                 s.late_rejections.set(core.admitted.late_rejections());
                 s.snapshot_version.set(core.snapshot().version());
                 s.pool_connections.set(core.pool.connections() as u64);
+                let (pipes, buffers) = crate::copy::held();
+                s.pipes_held.set(pipes as u64);
+                s.buffers_held.set(buffers as u64);
+                s.tasks.set(crate::executor::task_count() as u64);
                 crate::executor::timer::sleep(Duration::from_secs(1)).await;
             }
         })

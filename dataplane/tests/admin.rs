@@ -75,6 +75,19 @@ fn config_dump_lists_what_was_loaded_and_the_certificates() {
     let cores: serde_json::Value = serde_json::from_str(&cores).unwrap();
     assert!(!cores["cores"].as_array().unwrap().is_empty(), "{cores}");
     assert!(cores["cores"][0]["openConnections"].is_u64(), "{cores}");
+    // The core's own loops (accepting, following the config, reaping) are
+    // tasks too; the gauges are copied once a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, cores) = rw.http_get("admin", "/cores");
+        let cores: serde_json::Value = serde_json::from_str(&cores).unwrap();
+        if cores["cores"][0]["tasks"].as_u64().unwrap() >= 3 {
+            assert!(cores["cores"][0]["pipesHeld"].is_u64(), "{cores}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{cores}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

@@ -111,6 +111,12 @@ fn with_local<R>(f: impl FnOnce(&Rc<Local>) -> R) -> R {
     })
 }
 
+/// Tasks alive on this core now (connections, pooled connections' drivers,
+/// the core's own loops).
+pub fn task_count() -> usize {
+    with_local(|l| l.tasks.borrow().len())
+}
+
 /// How many detached (connection) tasks panicked on this core so far.
 pub fn task_panics() -> u64 {
     with_local(|l| l.task_panics.get())

@@ -229,7 +229,10 @@ impl ConnLog {
 
     /// Counts this connection in `counters` (its label set): opened now,
     /// bytes as they move, closed (and failed, with its flag) at the end.
-    pub fn count(&mut self, counters: Arc<TcpCounters>) {
+    pub fn count(&mut self, counters: Option<Arc<TcpCounters>>) {
+        let Some(counters) = counters else {
+            return; // --no-metrics
+        };
         counters.opened.add(1);
         let (from_client, to_client) = match self.path {
             // As ztunnel counts: outbound, what the client sends is sent.

@@ -183,7 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             control: control.clone(),
             shutdown: shutdown_rx.clone(),
             self_addrs: self_addrs.clone(),
-            metrics: metrics.core(),
+            metrics: metrics.core(!args.no_metrics),
         })
         .collect();
     let handles = start_cores(&plan, seeds, &cores_ready)?;

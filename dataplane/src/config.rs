@@ -306,6 +306,11 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_ADMIN_ALLOW_REMOTE")]
     pub admin_allow_remote: bool,
 
+    /// Do not count Istio's TCP metrics (the scrape then has no istio_tcp_*
+    /// series): for measuring what they cost, or nodes that never scrape.
+    #[arg(long, env = "RINGWAY_NO_METRICS")]
+    pub no_metrics: bool,
+
     /// Log format.
     #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -178,6 +178,8 @@ pub struct CoreStats {
 
 /// A core's metrics.
 pub struct CoreMetrics {
+    /// False with --no-metrics: connections are not counted at all.
+    enabled: bool,
     sets: RefCell<HashMap<Box<str>, Arc<TcpCounters>>>,
     scratch: RefCell<String>,
     hub: crossbeam_channel::Sender<Arc<TcpCounters>>,
@@ -186,13 +188,16 @@ pub struct CoreMetrics {
 
 impl CoreMetrics {
     /// The counters of `l`'s label set on this core (created, and handed to
-    /// the scraper, the first time).
-    pub fn counters(&self, l: &ConnLabels<'_>) -> Arc<TcpCounters> {
+    /// the scraper, the first time); None with --no-metrics.
+    pub fn counters(&self, l: &ConnLabels<'_>) -> Option<Arc<TcpCounters>> {
+        if !self.enabled {
+            return None;
+        }
         let mut key = self.scratch.borrow_mut();
         key.clear();
         render_labels(&mut key, l);
         if let Some(c) = self.sets.borrow().get(key.as_str()) {
-            return c.clone();
+            return Some(c.clone());
         }
         let counters = Arc::new(TcpCounters {
             labels: key.as_str().into(),
@@ -207,7 +212,7 @@ impl CoreMetrics {
             .insert(key.as_str().into(), counters.clone());
         // Unbounded and lock-free: a core never waits on the scraper.
         let _ = self.hub.send(counters.clone());
-        counters
+        Some(counters)
     }
 }
 
@@ -296,11 +301,13 @@ impl MetricsHub {
         self.cores.lock().expect("not poisoned").clone()
     }
 
-    /// The metrics of one more core.
-    pub fn core(&self) -> CoreMetrics {
+    /// The metrics of one more core; `enabled` false counts nothing
+    /// (--no-metrics).
+    pub fn core(&self, enabled: bool) -> CoreMetrics {
         let stats = Arc::new(CoreStats::default());
         self.cores.lock().expect("not poisoned").push(stats.clone());
         CoreMetrics {
+            enabled,
             sets: RefCell::default(),
             scratch: RefCell::new(String::with_capacity(1024)),
             hub: self.sender.clone(),
@@ -690,7 +697,7 @@ mod tests {
     #[test]
     fn a_scrape_merges_cores_and_escapes_values() {
         let hub = MetricsHub::default();
-        let (a, b) = (hub.core(), hub.core());
+        let (a, b) = (hub.core(true), hub.core(true));
         let (src, mut dst) = (workload("client"), workload("db"));
         dst.canonical_name = "we\"ird\\name".into();
         let labels = ConnLabels {
@@ -703,12 +710,16 @@ mod tests {
             mtls: false,
         };
         for (core, bytes) in [(&a, 10), (&b, 5)] {
-            let c = core.counters(&labels);
+            let c = core.counters(&labels).unwrap();
             c.opened.add(1);
             c.sent.add(bytes);
         }
-        a.counters(&labels).close(ResponseFlag::Deny, true);
-        assert!(Arc::ptr_eq(&a.counters(&labels), &a.counters(&labels)));
+        a.counters(&labels).unwrap().close(ResponseFlag::Deny, true);
+        assert!(Arc::ptr_eq(
+            &a.counters(&labels).unwrap(),
+            &a.counters(&labels).unwrap()
+        ));
+        assert!(hub.core(false).counters(&labels).is_none(), "--no-metrics");
         let text = hub.render(
             &ProcessStats {
                 open_fds: 3,

@@ -215,3 +215,20 @@ fn the_side_endpoints_refuse_what_they_are_not_for() {
     // And it still serves.
     assert!(rw.http_get("stats", "/metrics").0.contains("200"));
 }
+
+#[test]
+fn no_metrics_counts_nothing() {
+    let nodes = Nodes::new("mnone", false, &["--no-metrics"]);
+    // A connection (failing: nothing serves node B's 15008) that would be
+    // counted as opened and failed.
+    let _ = nodes.a.enter(|| {
+        connect_from_client(&format!("{SERVER_IP}:8080")).map(|mut c| c.read(&mut [0u8; 1]))
+    });
+    nodes.a().wait_access_logs(1);
+    let (_, scrape) = nodes.a().http_get("stats", "/metrics");
+    assert!(
+        !scrape.contains("istio_tcp_connections_opened_total{"),
+        "{scrape}"
+    );
+    assert!(scrape.contains("ringway_core_open_connections"), "{scrape}");
+}

@@ -109,6 +109,9 @@ pub struct SetSpec {
     /// Authorization policies on the set's HBONE workload (see
     /// [`policies_yaml`]); None: no policy sweep (the same as 0).
     pub policies: Option<usize>,
+    /// Metrics and the access log off (`--no-metrics`, RUST_LOG=warn): the
+    /// baseline for what they cost, in the same run.
+    pub quiet: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -484,7 +487,8 @@ impl Nodes {
         b.enter(move || crate::server::spawn(&listen))??;
 
         let side = rig::side_listener_args(&cfg.ringway)?;
-        let common = |node: &str, config: &Path, cores: &Option<String>| -> Vec<String> {
+        let common = |node: &str, config: &Path, spec: &SetSpec| -> Vec<String> {
+            let cores = &spec.cores;
             let mut v = strings(&[
                 "--config",
                 config.to_str().unwrap(),
@@ -501,7 +505,14 @@ impl Nodes {
                 v.extend(pin.map(|p| p.flag().to_string()));
             }
             v.extend(side.iter().cloned());
+            if spec.quiet {
+                v.push("--no-metrics".into());
+            }
             v
+        };
+        let log_level = |spec: &SetSpec| match spec.quiet {
+            true => "warn".to_string(),
+            false => cfg.log_level.clone(),
         };
         let mut sets = Vec::new();
         for (i, spec) in cfg.sets.iter().enumerate() {
@@ -511,7 +522,7 @@ impl Nodes {
                 Some(p) => write_pair_config(&work.0, n, i, p, extras)?,
                 None => shared.clone(),
             };
-            let mut a_args = common("node-a", &config, cores);
+            let mut a_args = common("node-a", &config, spec);
             a_args.extend(strings(&[
                 "--outbound-addr",
                 &format!("127.0.0.1:{}", outbound_port(i)),
@@ -526,9 +537,9 @@ impl Nodes {
                 &format!("ringway-a{i}"),
                 &a_args,
                 &cfg.log_dir,
-                &cfg.log_level,
+                &log_level(spec),
             )?;
-            let mut b_args = common(&format!("node-b{i}"), &config, cores);
+            let mut b_args = common(&format!("node-b{i}"), &config, spec);
             b_args.extend(strings(&[
                 "--inbound-addr",
                 &format!("{}:15008", hbone_ip(i)),
@@ -543,7 +554,7 @@ impl Nodes {
                 &format!("ringway-b{i}"),
                 &b_args,
                 &cfg.log_dir,
-                &cfg.log_level,
+                &log_level(spec),
             )?;
             progress(&format!(
                 "started ringway pair {i} (cores {}, {} policies): node A pid {}, node B pid {}",
@@ -573,7 +584,7 @@ impl Nodes {
                     String::from_utf8_lossy(&out.stderr)
                 );
             }
-            let mut args = common("node-b-orig-src", &shared, &cfg.sets[0].cores);
+            let mut args = common("node-b-orig-src", &shared, &cfg.sets[0]);
             args.extend(strings(&[
                 "--inbound-addr",
                 &format!("{ORIG_SRC_IP}:15008"),
@@ -779,6 +790,9 @@ impl Nodes {
             if let Some(p) = s.policies {
                 parts.push(format!("{p} policies"));
             }
+            if s.quiet {
+                parts.push("no metrics, no access log".into());
+            }
             match parts.is_empty() {
                 true => String::new(),
                 false => format!(" ({})", parts.join(", ")),
@@ -791,6 +805,9 @@ impl Nodes {
             }
             if let Some(p) = s.policies {
                 k += &format!("/p{p}");
+            }
+            if s.quiet {
+                k += "/quiet";
             }
             k
         };
@@ -814,6 +831,7 @@ impl Nodes {
                 let plain = SetSpec {
                     cores: s.spec.cores.clone(),
                     policies: None,
+                    quiet: s.spec.quiet,
                 };
                 v.push(Variant {
                     key: format!("passthrough{}", key_suffix(&plain)),

@@ -139,6 +139,12 @@ pub struct SuiteArgs {
     /// B), to compare a spoofed-source connect with a plain one.
     #[arg(long)]
     pub orig_src: bool,
+    /// Adds a second ringway pair with metrics and the access log off
+    /// (`--no-metrics`, RUST_LOG=warn) beside every pair, so what they cost
+    /// shows in the same run (give `--proxy-log-level info` for the access
+    /// log to be on in the others).
+    #[arg(long)]
+    pub quiet_set: bool,
     /// Skip the iperf3 comparison of the load generator.
     #[arg(long)]
     pub no_calibrate: bool,
@@ -261,6 +267,8 @@ pub struct Settings {
     pub ztunnel: Option<ZtunnelSettings>,
     pub same_node: bool,
     pub orig_src: bool,
+    /// A metrics-off, access-log-off pair beside every pair.
+    pub quiet_set: bool,
     pub proxy_log_level: String,
 }
 
@@ -375,6 +383,7 @@ impl Settings {
             ztunnel,
             same_node: a.same_node,
             orig_src: a.orig_src,
+            quiet_set: a.quiet_set,
             proxy_log_level: a.proxy_log_level.clone(),
         })
     }
@@ -387,12 +396,20 @@ impl Settings {
             true => vec![None],
             false => self.policies.iter().copied().map(Some).collect(),
         };
+        let quiet: &[bool] = if self.quiet_set {
+            &[false, true]
+        } else {
+            &[false]
+        };
         self.core_sets
             .iter()
             .flat_map(|cores| {
-                policies.iter().map(|&policies| SetSpec {
-                    cores: cores.clone(),
-                    policies,
+                policies.iter().flat_map(move |&policies| {
+                    quiet.iter().map(move |&quiet| SetSpec {
+                        cores: cores.clone(),
+                        policies,
+                        quiet,
+                    })
                 })
             })
             .collect()

@@ -69,12 +69,12 @@ fn main() {
         mtls: true,
     };
     let hub = MetricsHub::default();
-    let cores = [hub.core(), hub.core()];
+    let cores = [hub.core(true), hub.core(true)];
     // Fill every set on core 0, timing the inserts.
     let started = Instant::now();
     for s in 0..SIDE {
         for d in 0..SIDE {
-            let c = cores[0].counters(&labels(s, d));
+            let c = cores[0].counters(&labels(s, d)).unwrap();
             c.opened.add(1);
             c.sent.add(1000);
         }
@@ -96,7 +96,7 @@ fn main() {
         time_per_call(|| size = std::hint::black_box(hub.render(&process, None)).len());
     for s in 0..SIDE {
         for d in 0..SIDE {
-            cores[1].counters(&labels(s, d)).opened.add(1);
+            cores[1].counters(&labels(s, d)).unwrap().opened.add(1);
         }
     }
     let mut size_two = 0;

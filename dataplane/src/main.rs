@@ -12,33 +12,32 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::Parser;
 use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
+use ringway_dataplane::logfmt;
 use tracing_subscriber::EnvFilter;
 
 /// Log lines in ztunnel's shapes (see `logfmt`), written by a thread of
 /// their own: each core only formats a line and queues it (bounded, lossy:
 /// a full queue drops the line and counts it), so a slow or stalled stdout
-/// never blocks a data-plane core. The guard flushes the queue at exit.
-fn init_logging(
-    format: LogFormat,
-    queued_lines: usize,
-) -> tracing_appender::non_blocking::WorkerGuard {
+/// never blocks a data-plane core. The guard writes what is queued at exit.
+fn init_logging(format: LogFormat, queued_lines: usize) -> Option<logfmt::LogWriterGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = matches!(format, LogFormat::Json);
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(queued_lines)
-        .thread_name("ringway-log")
-        .finish(std::io::stdout());
-    ringway_dataplane::logfmt::set_dropped_counter(writer.error_counter());
+    let (writer, guard) = match logfmt::LogQueue::start(queued_lines, std::io::stdout()) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("ringway: cannot start the log writer thread: {e}");
+            return None;
+        }
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .event_format(ringway_dataplane::logfmt::ZtunnelFormat { json })
+        .event_format(logfmt::ZtunnelFormat { json })
         .with_writer(writer)
         .with_filter_reloading();
     let handle = builder.reload_handle();
     builder.init();
     // The admin endpoint's /logging: read or replace the filter.
-    ringway_dataplane::logfmt::set_filter_control(Box::new(move |spec| {
+    logfmt::set_filter_control(Box::new(move |spec| {
         if let Some(spec) = spec {
             let filter = EnvFilter::try_new(spec).map_err(|e| format!("{e}"))?;
             handle.reload(filter).map_err(|e| format!("{e}"))?;
@@ -47,7 +46,7 @@ fn init_logging(
             .with_current(|f| f.to_string())
             .map_err(|e| format!("{e}"))
     }));
-    guard
+    Some(guard)
 }
 
 fn main() -> ExitCode {

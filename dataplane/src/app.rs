@@ -20,7 +20,9 @@ use tokio::sync::watch;
 use crate::config::{allowed_cpus, format_cpus, plan_cores, Args, ProxyConfig};
 use crate::control::{CertSourceKind, ConfigSource, Control};
 use crate::listeners::{bind_all, SelfAddrs, TrafficPath};
-use crate::runtime::{check_memlock, raise_nofile, start_cores, ControlHandles, CoreSeed};
+use crate::runtime::{
+    check_io_uring, check_memlock, raise_nofile, start_cores, ControlHandles, CoreSeed,
+};
 use crate::socket;
 
 /// SIGTERM/SIGINT must reach the control thread only: delivered to a core
@@ -89,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), args.pin)?;
     check_memlock(plan.cpus.len())?;
+    check_io_uring()?;
     raise_nofile();
 
     let mut specs = vec![

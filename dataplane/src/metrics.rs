@@ -122,20 +122,6 @@ pub struct ConnLabels<'a> {
     pub mtls: bool,
 }
 
-/// A workload's SPIFFE identity, written without building an `Identity`.
-pub struct Principal<'a>(pub &'a Workload);
-
-impl std::fmt::Display for Principal<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let w = self.0;
-        write!(
-            f,
-            "spiffe://{}/ns/{}/sa/{}",
-            w.trust_domain, w.namespace, w.service_account
-        )
-    }
-}
-
 /// One label set's counters on one core.
 pub struct TcpCounters {
     /// The rendered labels before `response_flags`, a NUL, the rest.

@@ -36,7 +36,7 @@ use crate::authorization::local_workload;
 use crate::authorization::{self, Inbound};
 use crate::hbone;
 use crate::listeners::TrafficPath;
-use crate::metrics::{ConnLabels, Principal, Reporter};
+use crate::metrics::{ConnLabels, Reporter};
 use crate::runtime::CoreInputs;
 use crate::socket;
 use crate::uring::Registration;
@@ -303,7 +303,7 @@ fn next_step(
             .find_map(|a| snapshot.workload_by_addr(network, a.ip()))
             .map(|w| &**w);
         log.names = Names::new(source, destination, service.map(|s| s.hostname.as_str()));
-        let src_principal = source.filter(|_| tunnel.is_some()).map(Principal);
+        let src_principal = source.filter(|_| tunnel.is_some()).map(Workload::spiffe);
         let counters = core.metrics.counters(&ConnLabels {
             reporter: Reporter::Source,
             src: source,
@@ -523,7 +523,7 @@ async fn serve_local(
         src: source.map(|w| &**w),
         src_principal: Some(&src_identity),
         dst: destination.map(|w| &**w),
-        dst_principal: destination.map(|w| Principal(w)).as_ref().map(|p| p as _),
+        dst_principal: destination.map(|w| w.spiffe()).as_ref().map(|p| p as _),
         service: None,
         mtls: true,
     }));

@@ -98,14 +98,39 @@ impl Default for Workload {
     }
 }
 
+/// A workload's SPIFFE ID as a `Display` value (see [`Workload::spiffe`]).
+pub struct SpiffeId<'a>(&'a Workload);
+
+impl fmt::Display for SpiffeId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = self.0;
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            w.trust_domain, w.namespace, w.service_account
+        )
+    }
+}
+
 impl Workload {
     /// The workload's identity, `spiffe://<td>/ns/<ns>/sa/<sa>`: what its
     /// certificate carries and what peers verify.
     pub fn spiffe_id(&self) -> String {
-        format!(
-            "spiffe://{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
+        self.spiffe().to_string()
+    }
+
+    /// [`spiffe_id`](Self::spiffe_id) without building a string: for
+    /// writing it where it goes (a metric label, a log field).
+    pub fn spiffe(&self) -> SpiffeId<'_> {
+        SpiffeId(self)
+    }
+
+    /// Whether `id` is this workload's identity (what a peer certificate
+    /// must show to be this workload).
+    pub fn has_identity(&self, id: &Identity) -> bool {
+        self.trust_domain == id.trust_domain
+            && self.namespace == id.namespace
+            && self.service_account == id.service_account
     }
 
     /// The same identity as a value (not validated: a workload with, say, an

@@ -25,7 +25,7 @@ use crate::authorization::{self, Inbound, Refused, Ticket};
 use super::{pump, with_timeout, PumpOutcome};
 use crate::accesslog::{ConnLog, Names};
 use crate::listeners::TrafficPath;
-use crate::metrics::{ConnLabels, Principal, Reporter};
+use crate::metrics::{ConnLabels, Reporter};
 use crate::runtime::{spawn_cancellable, CoreInputs};
 use crate::socket;
 use crate::stream::FdStream;
@@ -207,12 +207,7 @@ fn admit(
     // the peer's identity (as ztunnel derives it), unless from a gateway.
     let source = snapshot
         .workload_by_addr(&core.cfg.network, conn_src.ip())
-        .filter(|w| {
-            !from_gateway
-                && w.trust_domain == peer.trust_domain
-                && w.namespace == peer.namespace
-                && w.service_account == peer.service_account
-        });
+        .filter(|w| !from_gateway && w.has_identity(peer));
     log.names = if from_gateway {
         let baggage = headers.get("baggage").and_then(|v| v.to_str().ok());
         let source = baggage.map(super::parse_baggage).and_then(|pairs| {
@@ -245,7 +240,7 @@ fn admit(
         src: source.map(|w| &**w),
         src_principal: Some(&**peer),
         dst: destination.map(|w| &**w),
-        dst_principal: destination.map(|w| Principal(w)).as_ref().map(|p| p as _),
+        dst_principal: destination.map(|w| w.spiffe()).as_ref().map(|p| p as _),
         service,
         mtls: true,
     }));

@@ -490,11 +490,7 @@ pub fn is_waypoint_identity(
     gw: &GatewayAddress,
     peer: &Identity,
 ) -> bool {
-    gateway_has(snap, network, gw, |w| {
-        w.trust_domain == peer.trust_domain
-            && w.namespace == peer.namespace
-            && w.service_account == peer.service_account
-    })
+    gateway_has(snap, network, gw, |w| w.has_identity(peer))
 }
 
 /// Whether an instance of gateway `gw` (any endpoint of its service, or

@@ -10,6 +10,7 @@ const PROTOS: &[&str] = &[
     "istio/security/authorization.proto",
     "istio/ca/ca.proto",
     "envoy/service/discovery/v3/ads.proto",
+    "istio/zds/zds.proto",
 ];
 
 /// Raw-IP `bytes` fields that are cheaper to hand around as `bytes::Bytes`

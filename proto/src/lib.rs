@@ -17,6 +17,9 @@ pub mod generated {
         pub mod security {
             include!(concat!(env!("OUT_DIR"), "/istio.security.rs"));
         }
+        pub mod workload_zds {
+            include!(concat!(env!("OUT_DIR"), "/istio.workload.zds.rs"));
+        }
         pub mod v1 {
             pub mod auth {
                 include!(concat!(env!("OUT_DIR"), "/istio.v1.auth.rs"));
@@ -48,6 +51,10 @@ pub mod generated {
 
 /// `istio.workload`: `Address`, `Workload`, `Service` and friends.
 pub use generated::istio::workload;
+
+/// `istio.workload.zds`: the in-pod enrollment protocol between the node
+/// agent (istio-cni) and the node proxy.
+pub use generated::istio::workload_zds as zds;
 
 /// `istio.security`: the ambient L4 `Authorization` policy.
 pub use generated::istio::security;

@@ -5,6 +5,8 @@
 //! - [`local`]: the local YAML source (ztunnel's LOCAL_XDS schema), the
 //!   embedded default config, and a file watcher.
 //! - [`xds`]: the Delta ADS client for istiod, and the protobuf conversions.
+//! - [`zds`]: the in-pod enrollment client for the node agent (istio-cni):
+//!   pods and their network namespaces, not snapshots.
 //!
 //! May use [`model`](crate::model), [`publish`](crate::publish), the shared
 //! backoff helper and [`security::pki`](crate::security::pki) (roots for the
@@ -13,6 +15,7 @@
 
 pub mod local;
 pub mod xds;
+pub mod zds;
 
 use crate::model::snapshot::Snapshot;
 use crate::model::Workload;

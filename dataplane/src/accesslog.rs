@@ -43,12 +43,51 @@ impl ByteCount {
     }
 }
 
+/// A core-local count of open things that someone may wait to see reach
+/// zero (a core's connections at drain, a removed pod's).
+#[derive(Default)]
+pub struct OpenCount {
+    count: Cell<usize>,
+    idle_waiter: RefCell<Option<Waker>>,
+}
+
+impl OpenCount {
+    pub fn get(&self) -> usize {
+        self.count.get()
+    }
+
+    pub fn enter(&self) {
+        self.count.set(self.count.get() + 1);
+    }
+
+    pub fn leave(&self) {
+        self.count.set(self.count.get() - 1);
+        if self.count.get() == 0 {
+            if let Some(w) = self.idle_waiter.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Resolves once the count is zero.
+    pub async fn all_closed(&self) {
+        futures_lite::future::poll_fn(|cx| {
+            if self.count.get() == 0 {
+                Poll::Ready(())
+            } else {
+                *self.idle_waiter.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
 /// Per-core count of open connections, counted from accept to close, and
 /// what drain waits on; mirrored into the core's metrics gauge.
 #[derive(Default)]
 pub struct OpenConnections {
-    count: Cell<usize>,
-    idle_waiter: RefCell<Option<Waker>>,
+    count: OpenCount,
     stats: Arc<CoreStats>,
 }
 
@@ -66,31 +105,18 @@ impl OpenConnections {
     }
 
     fn enter(&self) {
-        self.count.set(self.count.get() + 1);
+        self.count.enter();
         self.stats.open_connections.set(self.count.get() as u64);
     }
 
     fn leave(&self) {
-        self.count.set(self.count.get() - 1);
+        self.count.leave();
         self.stats.open_connections.set(self.count.get() as u64);
-        if self.count.get() == 0 {
-            if let Some(w) = self.idle_waiter.borrow_mut().take() {
-                w.wake();
-            }
-        }
     }
 
     /// Resolves once no connection is open on this core.
     pub async fn all_closed(&self) {
-        futures_lite::future::poll_fn(|cx| {
-            if self.count.get() == 0 {
-                Poll::Ready(())
-            } else {
-                *self.idle_waiter.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
+        self.count.all_closed().await
     }
 }
 
@@ -186,6 +212,10 @@ pub struct ConnLog {
     /// The connection's Istio TCP metrics, once its labels are known.
     metrics: Option<Arc<TcpCounters>>,
     outcome: RefCell<Option<(bool, String)>>,
+    /// In-pod mode: the enrolled pod whose listener accepted the
+    /// connection. Its upstream sockets are made in the pod's namespace,
+    /// and it counts among the pod's open connections until it ends.
+    pub pod: Option<crate::inpod::PodConn>,
 }
 
 impl ConnLog {
@@ -220,7 +250,20 @@ impl ConnLog {
             to_client: ByteCount::default(),
             metrics: None,
             outcome: RefCell::new(None),
+            pod: None,
         }
+    }
+
+    /// Counts the connection as one of `pod`'s (in-pod mode).
+    pub fn in_pod(mut self, pod: Option<&std::rc::Rc<crate::inpod::PodScope>>) -> Self {
+        self.pod = pod.map(|p| crate::inpod::PodConn::new(p.clone()));
+        self
+    }
+
+    /// The pod's network namespace, where this connection's sockets are
+    /// made; None outside in-pod mode.
+    pub fn netns(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.pod.as_ref().map(|p| p.netns())
     }
 
     pub fn path(&self) -> TrafficPath {

@@ -123,6 +123,7 @@ impl Admin {
                     "pipesHeld": s.pipes_held.get(),
                     "buffersHeld": s.buffers_held.get(),
                     "tasks": s.tasks.get(),
+                    "pods": s.pods.get(),
                     "taskPanics": s.task_panics.get(),
                     "lateRejections": s.late_rejections.get(),
                 })

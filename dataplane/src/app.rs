@@ -94,14 +94,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_io_uring()?;
     raise_nofile();
 
-    let mut specs = vec![
-        (TrafficPath::Outbound, args.outbound_addr.clone()),
-        (
-            TrafficPath::InboundPassthrough,
-            args.inbound_passthrough_addr.clone(),
-        ),
-        (TrafficPath::Inbound, args.inbound_addr.clone()),
-    ];
+    // In-pod mode listens inside each enrolled pod, not at the node.
+    let mut specs = if args.inpod {
+        Vec::new()
+    } else {
+        vec![
+            (TrafficPath::Outbound, args.outbound_addr.clone()),
+            (
+                TrafficPath::InboundPassthrough,
+                args.inbound_passthrough_addr.clone(),
+            ),
+            (TrafficPath::Inbound, args.inbound_addr.clone()),
+        ]
+    };
     let socks5 = args.socks5_addrs();
     if !socks5.is_empty() {
         specs.push((TrafficPath::Socks5, socks5));
@@ -110,10 +115,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
     let bound: Vec<(TrafficPath, std::net::SocketAddr)> =
         per_core[0].iter().map(|l| (l.path, l.addr)).collect();
-    let self_addrs = SelfAddrs {
+    let pod_ports = crate::inpod::PodPorts::default();
+    let mut self_addrs = SelfAddrs {
         ports: bound.iter().map(|(_, a)| a.port()).collect(),
         local_ips: socket::local_interface_addrs(),
     };
+    if args.inpod {
+        self_addrs
+            .ports
+            .extend(pod_ports.all().iter().map(|(_, port)| *port));
+    }
     let readiness = std::net::TcpListener::bind(args.readiness_addr).with_context(|| {
         format!(
             "cannot bind the readiness endpoint on {}",
@@ -150,6 +161,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let cores_ready = Arc::new(AtomicBool::new(false));
+    let inpod = args.inpod.then(|| {
+        crate::inpod::manager::InpodManager::new(crate::inpod::manager::InpodSettings {
+            cores: plan.cpus.len(),
+            ports: pod_ports,
+            keepalive,
+            cluster_id: args.cluster_id.clone(),
+            settle: Duration::from_secs(5),
+        })
+    });
     let started = Control {
         source,
         certs: cert_source,
@@ -162,6 +182,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         admin_listener,
         admin,
         cores_ready: cores_ready.clone(),
+        inpod: inpod.as_ref().map(|(_, _, status)| status.clone()),
         shutdown: shutdown_tx,
         drain: cfg.drain_timeout,
         pin: args.control_core,
@@ -187,10 +208,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             shutdown: shutdown_rx.clone(),
             self_addrs: self_addrs.clone(),
             metrics: metrics.core(!args.no_metrics),
+            pods: inpod.as_ref().map(|(_, feed, _)| feed.clone()),
         })
         .collect();
     let handles = start_cores(&plan, seeds, &cores_ready)?;
     cores_ready.store(true, Ordering::Release);
+    // The ZDS client starts once every core follows the pod set: an ack
+    // then means every core serves the pod.
+    let zds_stop = Arc::new(AtomicBool::new(false));
+    let zds = match inpod {
+        Some((mut manager, _, _)) => {
+            let cfg = ringway_controlplane::sources::zds::ZdsConfig::new(args.inpod_uds.clone());
+            let stop = zds_stop.clone();
+            tracing::info!(socket = %cfg.socket.display(), "in-pod mode: enrolling pods from the node agent over ZDS");
+            Some(
+                std::thread::Builder::new()
+                    .name("ringway-zds".into())
+                    .spawn(move || {
+                        ringway_controlplane::sources::zds::run(&cfg, &mut manager, &stop);
+                        // Dropping the manager drops the pod set's last
+                        // publisher: cores stop following it.
+                    })
+                    .context("cannot start the ZDS thread")?,
+            )
+        }
+        None => None,
+    };
 
     let mut by_path: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (path, addr) in &bound {
@@ -238,6 +281,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    zds_stop.store(true, Ordering::Release);
+    if let Some(zds) = zds {
+        let _ = zds.join();
+    }
     if failed {
         anyhow::bail!("one or more cores failed");
     }
@@ -249,6 +296,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 fn static_config(args: &Args, plan: &crate::config::CorePlan) -> serde_json::Value {
     serde_json::json!({
         "proxyMode": if args.proxy_workload.is_some() { "Dedicated" } else { "Shared" },
+        "inpodEnabled": args.inpod,
+        "inpodUds": args.inpod.then(|| args.inpod_uds.display().to_string()),
         "proxyWorkloadInformation": args.proxy_workload.as_ref().map(|w| w.to_string()),
         "localNode": args.node_name,
         "network": args.network,

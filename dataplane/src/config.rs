@@ -192,6 +192,21 @@ pub struct Args {
     #[arg(long, env = "PROXY_WORKLOAD_INFO", value_parser = parse_proxy_workload)]
     pub proxy_workload: Option<ProxyWorkload>,
 
+    /// In-pod mode (ztunnel's shared mode with INPOD_ENABLED): the node
+    /// agent (istio-cni) enrolls each ambient pod over ZDS and ringway
+    /// listens on 15001/15006/15008 inside every enrolled pod's network
+    /// namespace, on every core, instead of on the node-level capture
+    /// addresses (--outbound-addr and friends are then not bound). Needs
+    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See README: Deploy on
+    /// Kubernetes.
+    #[arg(long, env = "INPOD_ENABLED", conflicts_with = "proxy_workload")]
+    pub inpod: bool,
+
+    /// The node agent's ZDS socket (unix SOCK_SEQPACKET), shared with
+    /// istio-cni by hostPath.
+    #[arg(long, env = "INPOD_UDS", default_value = ringway_controlplane::sources::zds::DEFAULT_SOCKET)]
+    pub inpod_uds: PathBuf,
+
     /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem, cert-chain.pem). A new root is generated there on
     /// first start; copy the directory to share a trust root between nodes.

@@ -59,6 +59,9 @@ pub struct Control {
     pub admin: crate::admin::Admin,
     /// Set by the main thread once every core has its listeners bound.
     pub cores_ready: Arc<AtomicBool>,
+    /// In-pod mode: the enrolled pods' state (ready once the node agent's
+    /// pods are known and all of them run).
+    pub inpod: Option<Arc<crate::inpod::manager::InpodStatus>>,
     pub shutdown: watch::Sender<bool>,
     pub drain: Duration,
     pub pin: Option<usize>,
@@ -175,8 +178,12 @@ impl Control {
                 .iter()
                 .all(|id| issued.get(id).is_some())
         };
+        let inpod = self.inpod.clone();
         let ready = Arc::new(move || {
-            source_ready() && cores_ready.load(Ordering::Acquire) && certs_ready()
+            source_ready()
+                && cores_ready.load(Ordering::Acquire)
+                && certs_ready()
+                && inpod.as_ref().is_none_or(|p| p.is_ready())
         });
         let metrics = self.metrics.clone();
         let quit = self.admin.quit.clone();

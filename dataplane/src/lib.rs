@@ -13,6 +13,8 @@
 //! - [`executor`]: the per-core executor (tasks, timers, cross-thread wake-ups) that sleeps on the core's ring.
 //! - [`uring`]: the per-core io_uring readiness reactor every socket wait goes through.
 //! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
+//! - [`inpod`]: in-pod mode: pods enrolled over ZDS, listeners in their namespaces.
+//! - [`netns`]: making sockets inside a pod's network namespace.
 //! - [`accesslog`]: one log line per connection.
 //! - [`config`]: flags and environment.
 //! - [`control`]: the control thread (config source, certificates, readiness, signals).
@@ -28,9 +30,11 @@ pub mod copy;
 pub mod executor;
 pub mod hbone;
 pub mod inbound_passthrough;
+pub mod inpod;
 pub mod listeners;
 pub mod logfmt;
 pub mod metrics;
+pub mod netns;
 pub mod outbound;
 pub mod runtime;
 pub mod socket;

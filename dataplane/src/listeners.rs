@@ -112,13 +112,21 @@ impl SelfAddrs {
 /// Accepts until the task is dropped (which closes the socket: drain).
 /// Each connection runs as its own task; its [`ConnLog`] exists from
 /// accept on, so drain counts it even before the task first runs.
-pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener) {
+///
+/// `pod`: in-pod mode, the enrolled pod this listener is in; its
+/// connections are made and counted there.
+pub async fn accept_loop(
+    core: Rc<CoreInputs>,
+    listener: BoundListener,
+    pod: Option<Rc<crate::inpod::PodScope>>,
+) {
     let fd = listener.fd.as_raw_fd();
     let reg = crate::uring::Registration::new(&core.poller, fd);
     loop {
         match socket::accept(fd) {
             Ok((conn, peer)) => {
-                let mut log = ConnLog::new(core.open.clone(), core.index, listener.path);
+                let mut log =
+                    ConnLog::new(core.open.clone(), core.index, listener.path).in_pod(pod.as_ref());
                 log.src = peer;
                 crate::executor::spawn_detached(crate::runtime::serve(core.clone(), conn, log));
                 crate::executor::yield_if_needed().await;

@@ -160,6 +160,8 @@ pub struct CoreStats {
     pub buffers_held: Counter,
     /// Tasks alive on the core.
     pub tasks: Counter,
+    /// In-pod mode: enrolled pods whose listeners the core serves.
+    pub pods: Counter,
 }
 
 /// A core's metrics.
@@ -403,7 +405,7 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
-        let per_core: [PerCore; 8] = [
+        let per_core: [PerCore; 9] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -451,6 +453,12 @@ impl MetricsHub {
                 "gauge",
                 "Tasks alive on a core (the counterpart of tokio's alive tasks)",
                 |s| s.tasks.get(),
+            ),
+            (
+                "ringway_core_pods",
+                "gauge",
+                "In-pod mode: enrolled pods a core accepts for",
+                |s| s.pods.get(),
             ),
         ];
         if let Some(x) = xds {

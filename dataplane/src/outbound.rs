@@ -179,7 +179,10 @@ pub fn route(
         let downstream: &mut dyn Downstream = &mut downstream;
         let log = &mut log;
         log.dst = Some(dst);
-        if core.self_addrs.is_self(dst) {
+        let pod = log.pod.as_deref().map(|p| &**p);
+        if core.self_addrs.is_self(dst)
+            || pod.is_some_and(|p| p.is_self(dst, &core.self_addrs.ports))
+        {
             return refuse(
                 core,
                 &client,
@@ -195,7 +198,7 @@ pub fn route(
         // On-demand xDS: the source or the destination may simply not be
         // fetched yet.
         let src_ip = log.src.map(|s| s.ip());
-        let by_address = core.cfg.proxy_workload.is_none();
+        let by_address = core.cfg.proxy_workload.is_none() && pod.is_none();
         if let (Some(ip), Some(_), true) = (src_ip, &core.control.on_demand, by_address) {
             if local_workload(&snapshot, &core.cfg, ip).is_none() {
                 let lookup = Box::pin(core.resolve_on_demand(ip));
@@ -215,7 +218,15 @@ pub fn route(
         // The source must be a workload of this node that ringway knows (as in
         // ztunnel, which speaks for a known workload only): nothing leaves
         // unauthenticated by accident, e.g. before the first config arrives.
-        let source = core.source_workload(&snapshot, src_ip);
+        let source = core.source_workload(&snapshot, src_ip, pod);
+        if let (None, Some(pod)) = (source, pod) {
+            let why = format!(
+                "refused: pod {} is enrolled as workload {}, which is not in the mesh config \
+                 (fail closed)",
+                pod.entry.uid, pod.entry.workload
+            );
+            return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
+        }
         if let (None, Some(pw)) = (source, &core.cfg.proxy_workload) {
             let why = format!(
                 "refused: dedicated mode speaks for workload {pw}, which is not in the mesh \
@@ -345,7 +356,11 @@ fn next_step(
             };
             // The same-node fast path: the destination is a workload this
             // ringway serves, reached directly (not through a waypoint).
+            // Not from a pod (in-pod mode): the application must be
+            // reached from inside its own namespace, which the HBONE hop to
+            // its 15008 there does.
             if core.cfg.fast_path
+                && log.pod.is_none()
                 && peer == SocketAddr::new(authority.ip(), out.hbone_port)
                 && on_this_node(core, snapshot, authority)
             {
@@ -592,6 +607,10 @@ async fn open_hbone(
         forwarded: hbone::forwarded(log.src.unwrap_or(authority), host.as_deref()),
         baggage: source.baggage,
         traceparent,
+        pod: log
+            .pod
+            .as_ref()
+            .map(|p| crate::inpod::PodNetns(p.0.clone())),
     };
     hbone::client::open(core, tunnel).await
 }
@@ -647,7 +666,13 @@ pub async fn proxy_direct(
     downstream: &mut dyn Downstream,
     source: Option<std::net::IpAddr>,
 ) {
-    let connecting = socket::connect_from(&core.poller, upstream, core.cfg.connect, source);
+    let connecting = socket::connect_from(
+        &core.poller,
+        upstream,
+        core.cfg.connect,
+        source,
+        log.netns(),
+    );
     let server = match connecting.await {
         Ok(s) => s,
         Err(e) => {

@@ -76,11 +76,17 @@ impl CoreInputs {
     /// The workload an outbound connection from `src` speaks for: in
     /// dedicated mode the configured one, wherever the connection comes
     /// from; otherwise the workload of this node at `src`.
+    ///
+    /// In-pod mode: the workload of the pod the connection came from.
     pub fn source_workload<'s>(
         &self,
         snap: &'s Snapshot,
         src: Option<std::net::IpAddr>,
+        pod: Option<&crate::inpod::PodScope>,
     ) -> Option<&'s Arc<ringway_controlplane::model::Workload>> {
+        if let Some(pod) = pod {
+            return pod.workload(snap);
+        }
         let Some(pw) = &self.cfg.proxy_workload else {
             return src.and_then(|ip| crate::authorization::local_workload(snap, &self.cfg, ip));
         };
@@ -153,15 +159,32 @@ pub struct ControlHandles {
 }
 
 /// Spawns a connection-scoped task on this core that the drain deadline
-/// cancels like the connection itself.
+/// (or its pod's removal, in-pod mode) cancels like the connection itself.
 pub fn spawn_cancellable(
     core: &Rc<CoreInputs>,
+    pod: Option<&crate::inpod::PodScope>,
     fut: impl std::future::Future<Output = ()> + 'static,
 ) {
+    crate::executor::spawn_detached(futures_lite::future::or(fut, cancelled(core, pod)));
+}
+
+/// Resolves when connections must end now: at the drain deadline (or when
+/// the core is gone), or when their pod was removed and its drain is over.
+fn cancelled(
+    core: &CoreInputs,
+    pod: Option<&crate::inpod::PodScope>,
+) -> impl Future<Output = ()> + 'static {
     let mut force_close = core.force_close.clone();
-    crate::executor::spawn_detached(futures_lite::future::or(fut, async move {
+    let deadline = async move {
         let _ = force_close.wait_for(|closing| *closing).await;
-    }));
+    };
+    let pod_closed = pod.map(|p| p.closed());
+    futures_lite::future::or(deadline, async move {
+        match pod_closed {
+            Some(closed) => closed.await,
+            None => std::future::pending().await,
+        }
+    })
 }
 
 /// What crosses into a core at startup (Send).
@@ -175,6 +198,8 @@ pub struct CoreSeed {
     pub shutdown: watch::Receiver<bool>,
     pub self_addrs: SelfAddrs,
     pub metrics: crate::metrics::CoreMetrics,
+    /// In-pod mode: the enrolled pods, whose listeners this core serves.
+    pub pods: Option<crate::inpod::PodFeed>,
 }
 
 /// Runs one accepted connection on its traffic path, until it ends or the
@@ -186,7 +211,7 @@ pub struct CoreSeed {
 /// boxed first, so the task holds only the box and the drain watch; each
 /// path's box is sized for that path alone.
 pub fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) -> impl Future<Output = ()> {
-    let mut force_close = core.force_close.clone();
+    let deadline = cancelled(&core, log.pod.as_deref().map(|p| &**p));
     let path: Pin<Box<dyn Future<Output = ()>>> = match log.path() {
         TrafficPath::Outbound => match crate::outbound::serve(core, conn, log) {
             Some(route) => Box::pin(route),
@@ -199,10 +224,6 @@ pub fn serve(core: Rc<CoreInputs>, conn: OwnedFd, log: ConnLog) -> impl Future<O
         TrafficPath::Socks5 => Box::pin(crate::socks5::serve(core, conn, log)),
     };
     async move {
-        let deadline = async {
-            // A closed channel means the core is gone: cancel as well.
-            let _ = force_close.wait_for(|closing| *closing).await;
-        };
         futures_lite::future::or(path, deadline).await;
     }
 }
@@ -218,6 +239,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         mut shutdown,
         self_addrs,
         metrics,
+        pods,
     } = seed;
     let (force_tx, force_close) = watch::channel(false);
     let cfg_pool = cfg.pool;
@@ -316,8 +338,10 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     };
     let accept_tasks: Vec<_> = listeners
         .into_iter()
-        .map(|l| crate::executor::spawn_local(listeners::accept_loop(core.clone(), l)))
+        .map(|l| crate::executor::spawn_local(listeners::accept_loop(core.clone(), l, None)))
         .collect();
+    let pod_follower =
+        pods.map(|feed| crate::executor::spawn_local(follow_pods(core.clone(), feed)));
     let _ = ready.send(index);
 
     while !*shutdown.borrow_and_update() {
@@ -325,8 +349,10 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
             break;
         }
     }
-    // Drain: dropping the accept tasks closes this core's listening sockets.
+    // Drain: dropping the accept tasks closes this core's listening sockets
+    // (the pods' with the follower, which owns them).
     drop(accept_tasks);
+    drop(pod_follower);
     let open = core.open.get();
     if open > 0 {
         tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");
@@ -344,6 +370,90 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     }
     drop((watcher, cert_watcher, reaper, stats));
     Ok(())
+}
+
+/// One enrolled pod on this core: its accept loops (which own this core's
+/// listeners in the pod's namespace) and the scope its connections share.
+struct CorePod {
+    scope: Rc<crate::inpod::PodScope>,
+    _accepting: Vec<executor::Task<()>>,
+}
+
+/// Follows the published pod set: starts accepting on a new pod's
+/// listeners, and for a removed pod closes them at once, lets its
+/// connections finish for `--drain-timeout`, then closes the rest and
+/// its pooled tunnels. Reports each step to the manager, which acks the
+/// agent only when every core has done it.
+async fn follow_pods(core: Rc<CoreInputs>, mut feed: crate::inpod::PodFeed) {
+    let mut running: std::collections::HashMap<String, CorePod> = Default::default();
+    loop {
+        let set = feed.borrow_and_update().clone();
+        let gone: Vec<String> = running
+            .iter()
+            .filter(|(uid, p)| {
+                set.pods
+                    .get(*uid)
+                    .is_none_or(|e| e.generation != p.scope.entry.generation)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            let pod = running.remove(&uid).expect("listed above");
+            let CorePod { scope, _accepting } = pod;
+            drop(_accepting);
+            scope.entry.stopped.fetch_add(1, Ordering::AcqRel);
+            let core = core.clone();
+            crate::executor::spawn_detached(async move {
+                let drain = core.cfg.drain_timeout;
+                if timer::timeout(drain, scope.all_closed()).await.is_err() {
+                    tracing::info!(
+                        core = core.index,
+                        pod = %scope.entry.uid,
+                        open = scope.open(),
+                        "pod removed: closing its remaining connections"
+                    );
+                    scope.close();
+                }
+                let generation = scope.entry.generation;
+                core.pool.retain(|key| {
+                    key.pod
+                        .as_ref()
+                        .is_none_or(|p| p.0.entry.generation != generation)
+                });
+            });
+        }
+        for (uid, entry) in &set.pods {
+            if running.contains_key(uid) {
+                continue;
+            }
+            let Some(listeners) = entry.take_listeners(core.index) else {
+                continue;
+            };
+            let scope = Rc::new(crate::inpod::PodScope::new(entry.clone()));
+            let accepting = listeners
+                .into_iter()
+                .map(|l| {
+                    crate::executor::spawn_local(listeners::accept_loop(
+                        core.clone(),
+                        l,
+                        Some(scope.clone()),
+                    ))
+                })
+                .collect();
+            entry.serving.fetch_add(1, Ordering::AcqRel);
+            running.insert(
+                uid.clone(),
+                CorePod {
+                    scope,
+                    _accepting: accepting,
+                },
+            );
+        }
+        core.metrics.stats.pods.set(running.len() as u64);
+        if feed.changed().await.is_err() {
+            break;
+        }
+    }
 }
 
 /// Readiness goes 503 for good when it is dropped: when a core's future

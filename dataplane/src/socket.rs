@@ -177,25 +177,33 @@ pub async fn connect(
     dst: SocketAddr,
     opts: ConnectOpts,
 ) -> io::Result<OwnedFd> {
-    connect_from(poller, dst, opts, None).await
+    connect_from(poller, dst, opts, None, None).await
 }
 
 /// [`connect`], from `source` when given: the original client's address,
 /// which this host does not own (IP_TRANSPARENT, which needs
 /// CAP_NET_ADMIN, and return-path routing that brings the replies back to
 /// this socket; see `scripts/orig-src-rules.sh`). An error names what
-/// failed.
+/// failed. With `netns` (in-pod mode) the socket is made in that network
+/// namespace, the pod's, so it leaves from the pod as ztunnel's do.
 pub async fn connect_from(
     poller: &Rc<Poller>,
     dst: SocketAddr,
     opts: ConnectOpts,
     source: Option<IpAddr>,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> io::Result<OwnedFd> {
-    let sock = Socket::new(
-        Domain::for_address(dst),
-        Type::STREAM.nonblocking().cloexec(),
-        None,
-    )?;
+    let new_socket = || {
+        Socket::new(
+            Domain::for_address(dst),
+            Type::STREAM.nonblocking().cloexec(),
+            None,
+        )
+    };
+    let sock = match netns {
+        None => new_socket()?,
+        Some(ns) => crate::netns::within(ns, new_socket)??,
+    };
     if opts.mark != 0 {
         sock.set_mark(opts.mark)?;
     }

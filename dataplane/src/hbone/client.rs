@@ -61,6 +61,8 @@ pub struct Tunnel<'a> {
     pub forwarded: String,
     pub baggage: String,
     pub traceparent: String,
+    /// In-pod mode: the pod the tunnel leaves from.
+    pub pod: Option<crate::inpod::PodNetns>,
 }
 
 /// An open CONNECT stream and the pool slot it occupies.
@@ -82,6 +84,7 @@ pub async fn open(core: &Rc<CoreInputs>, t: Tunnel<'_>) -> Result<OpenStream, Hb
         src: t.src_identity.clone(),
         dst: t.dst_identity.clone(),
         peer: t.peer,
+        pod: t.pod.clone(),
     };
     let mut retried = false;
     loop {
@@ -163,7 +166,9 @@ async fn connect(core: &Rc<CoreInputs>, key: &PoolKey, id: u64) -> Result<Pooled
         .cert_for(&key.src)
         .await
         .ok_or_else(|| HboneError::NoCertificate(key.src.clone()))?;
-    let tcp = match socket::connect(&core.poller, addr, core.cfg.connect).await {
+    let netns = key.pod.as_ref().map(|p| p.0.netns());
+    let connecting = socket::connect_from(&core.poller, addr, core.cfg.connect, None, netns);
+    let tcp = match connecting.await {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
             return Err(HboneError::ConnectTimeout(addr))

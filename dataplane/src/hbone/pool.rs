@@ -28,6 +28,9 @@ pub struct PoolKey {
     /// The HBONE address connected to (a waypoint may listen on another
     /// port than 15008).
     pub peer: SocketAddr,
+    /// In-pod mode: the pod the tunnel leaves from (its namespace, its
+    /// address); tunnels are never shared between pods.
+    pub pod: Option<crate::inpod::PodNetns>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -226,6 +229,12 @@ impl Pool {
     /// Pooled connections open now (for the per-core view).
     pub fn connections(&self) -> usize {
         self.conns.borrow().values().map(Vec::len).sum()
+    }
+
+    /// Drops the pooled connections whose key `keep` rejects (a removed
+    /// pod's); their streams in flight keep going until they end.
+    pub fn retain(&self, keep: impl Fn(&PoolKey) -> bool) {
+        self.conns.borrow_mut().retain(|k, _| keep(k));
     }
 
     pub fn reap(&self) {

@@ -118,10 +118,11 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
             Some(None) => break,
             Some(Some(Ok((request, respond)))) => {
                 streams += 1;
-                let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
+                let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound)
+                    .in_pod(log.pod.as_deref());
                 let tunnel = admit(&core, conn_src, dst, &peer, request, respond, stream_log);
                 if let Some(tunnel) = tunnel {
-                    spawn_cancellable(&core, tunnel);
+                    spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), tunnel);
                 }
             }
             Some(Some(Err(e))) => {
@@ -415,7 +416,7 @@ async fn carry(
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
     let target = upstream.addr;
-    let connecting = Box::pin(connect_upstream(core, upstream));
+    let connecting = Box::pin(connect_upstream(core, upstream, log.netns()));
     let upstream = match connecting.await {
         Ok(s) => s,
         Err(why) => {
@@ -444,13 +445,19 @@ async fn carry(
 
 /// Connects to the local workload and writes the PROXY header, if any:
 /// one boxed phase, so that an open tunnel keeps none of it.
-async fn connect_upstream(core: &CoreInputs, upstream: Box<Upstream>) -> Result<OwnedFd, String> {
+/// In-pod mode, `netns` is the pod's: the application is reached from
+/// inside it.
+async fn connect_upstream(
+    core: &CoreInputs,
+    upstream: Box<Upstream>,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<OwnedFd, String> {
     let Upstream {
         addr: target,
         from,
         header,
     } = *upstream;
-    let upstream = socket::connect_from(&core.poller, target, core.cfg.connect, from)
+    let upstream = socket::connect_from(&core.poller, target, core.cfg.connect, from, netns)
         .await
         .map_err(|e| format!("connect to {target} failed: {e}"))?;
     if let Some(header) = header {

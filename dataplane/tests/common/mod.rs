@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod nodes;
+pub mod zds;
 pub mod ztunnel;
 
 use std::fs::File;
@@ -156,6 +157,10 @@ impl Ringway {
         }
         if !extra.contains(&"--stats-addr") {
             cmd.args(["--stats-addr", "127.0.0.1:0"]);
+        }
+        if !extra.contains(&"--admin-addr") {
+            // Port 0 too: in-pod tests run several ringways in one namespace.
+            cmd.args(["--admin-addr", "127.0.0.1:0"]);
         }
         if own_config && !extra.contains(&"--config") && !extra.contains(&"--xds-address") {
             // Not the embedded default: its 127.0.0.1 is an HBONE workload.

@@ -1,0 +1,378 @@
+//! The pods the node agent enrolled, managed on the ZDS thread: a pod's
+//! listeners are bound here, inside its namespace (this thread steps in and
+//! out; the cores never wait for it), then the new [`PodSet`] is published
+//! and the ack waits until every core accepts on them, so an ack means
+//! "serving". A pod that cannot start is NACKed, kept, and retried with
+//! backoff; while any is pending, readiness answers 503, as ztunnel's does.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringway_controlplane::sources::zds::{PodHandler, PodInfo};
+use tokio::sync::watch;
+
+use super::{load, pod_workload_uid, PodEntry, PodPorts, PodSet};
+use crate::config::ProxyWorkload;
+use crate::listeners::{bind_all, BoundListener};
+
+/// What readiness and the admin view read of the manager (any thread).
+#[derive(Default)]
+pub struct InpodStatus {
+    /// Connected to the node agent now.
+    pub connected: AtomicBool,
+    /// The agent's replay (`snapshot_sent`) was received at least once:
+    /// before that, ringway does not know which pods it must serve.
+    pub synced: AtomicBool,
+    /// Pods enrolled and serving on every core.
+    pub running: AtomicUsize,
+    /// Pods that failed to start and are being retried.
+    pub pending: AtomicUsize,
+}
+
+impl InpodStatus {
+    /// Ready once the agent's pods are known and all of them run.
+    pub fn is_ready(&self) -> bool {
+        self.synced.load(Ordering::Acquire) && self.pending.load(Ordering::Acquire) == 0
+    }
+}
+
+/// Settings the manager needs from the flags.
+#[derive(Clone, Debug)]
+pub struct InpodSettings {
+    pub cores: usize,
+    pub ports: PodPorts,
+    pub keepalive: Option<Duration>,
+    /// Cluster id, for Istio's workload uid of a pod.
+    pub cluster_id: String,
+    /// How long an ack waits for every core to pick a change up.
+    pub settle: Duration,
+}
+
+struct Pending {
+    info: PodInfo,
+    netns: OwnedFd,
+    error: String,
+    attempts: u32,
+    next_try: Instant,
+}
+
+pub struct InpodManager {
+    settings: InpodSettings,
+    pods: HashMap<String, Arc<PodEntry>>,
+    pending: HashMap<String, Pending>,
+    publish: watch::Sender<Arc<PodSet>>,
+    status: Arc<InpodStatus>,
+    next_generation: u64,
+}
+
+impl InpodManager {
+    pub fn new(settings: InpodSettings) -> (Self, watch::Receiver<Arc<PodSet>>, Arc<InpodStatus>) {
+        let (publish, feed) = watch::channel(Arc::new(PodSet::default()));
+        let status = Arc::new(InpodStatus::default());
+        let m = InpodManager {
+            settings,
+            pods: HashMap::new(),
+            pending: HashMap::new(),
+            publish,
+            status: status.clone(),
+            next_generation: 1,
+        };
+        (m, feed, status)
+    }
+
+    fn publish(&self) {
+        let set = PodSet {
+            pods: self.pods.clone(),
+        };
+        self.publish.send_replace(Arc::new(set));
+        self.status
+            .running
+            .store(self.pods.len(), Ordering::Release);
+        self.status
+            .pending
+            .store(self.pending.len(), Ordering::Release);
+    }
+
+    /// Binds the pod's listeners in its namespace, publishes it, and waits
+    /// until every core accepts on them.
+    fn start(&mut self, uid: &str, info: &PodInfo, netns: &OwnedFd) -> Result<(), String> {
+        let s = &self.settings;
+        let specs: Vec<_> = s
+            .ports
+            .all()
+            .into_iter()
+            .map(|(path, port)| (path, vec![std::net::SocketAddr::from(([0, 0, 0, 0], port))]))
+            .collect();
+        let bound = crate::netns::within(netns.as_fd(), || {
+            let listeners = bind_all(&specs, s.cores, s.keepalive);
+            (listeners, crate::socket::local_interface_addrs())
+        })
+        .map_err(|e| e.to_string())?;
+        let (listeners, addrs) = bound;
+        let per_core: Vec<Vec<BoundListener>> =
+            listeners.map_err(|e| format!("pod {uid}: {e:#}"))?;
+        let netns = netns
+            .try_clone()
+            .map_err(|e| format!("pod {uid}: cannot keep its namespace: {e}"))?;
+        let workload = ProxyWorkload {
+            namespace: info.namespace.clone(),
+            name: info.name.clone(),
+            service_account: info.service_account.clone(),
+        };
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let entry = Arc::new(PodEntry::new(
+            uid.to_owned(),
+            generation,
+            workload,
+            pod_workload_uid(&s.cluster_id, &info.namespace, &info.name),
+            netns,
+            addrs.into_iter().filter(|ip| !ip.is_loopback()).collect(),
+            per_core,
+        ));
+        self.pods.insert(uid.to_owned(), entry.clone());
+        self.publish();
+        let started = Instant::now();
+        let cores = self.settings.cores;
+        if !wait_until(self.settings.settle, || load(&entry.serving) >= cores) {
+            tracing::warn!(
+                pod = uid,
+                serving = load(&entry.serving),
+                cores,
+                "not every core picked the pod up in time; acknowledging anyway"
+            );
+        }
+        tracing::info!(
+            pod = uid,
+            workload = %entry.workload,
+            addrs = ?entry.addrs,
+            took = ?started.elapsed(),
+            "pod enrolled: listening in its namespace on every core"
+        );
+        Ok(())
+    }
+
+    /// Unpublishes the pod and waits until every core closed its listeners
+    /// (its connections then drain on their own time).
+    fn stop(&mut self, uid: &str) -> bool {
+        let Some(entry) = self.pods.remove(uid) else {
+            return false;
+        };
+        self.publish();
+        let serving = load(&entry.serving);
+        if !wait_until(self.settings.settle, || load(&entry.stopped) >= serving) {
+            tracing::warn!(
+                pod = uid,
+                "not every core closed the pod's listeners in time"
+            );
+        }
+        tracing::info!(pod = uid, workload = %entry.workload, "pod removed: listeners closed, connections draining");
+        true
+    }
+
+    fn fail(&mut self, uid: &str, info: PodInfo, netns: OwnedFd, error: String) {
+        let attempts = self.pending.get(uid).map_or(0, |p| p.attempts) + 1;
+        let backoff = retry_backoff(attempts);
+        tracing::warn!(pod = uid, attempts, retry_in = ?backoff, error = %error, "pod failed to start; will retry");
+        self.pending.insert(
+            uid.to_owned(),
+            Pending {
+                info,
+                netns,
+                error,
+                attempts,
+                next_try: Instant::now() + backoff,
+            },
+        );
+        self.publish();
+    }
+
+    /// The pods enrolled now (for tests and the admin view).
+    pub fn running(&self) -> usize {
+        self.pods.len()
+    }
+}
+
+/// 100 ms, doubling, at most 15 s.
+fn retry_backoff(attempts: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << attempts.saturating_sub(1).min(8));
+    Duration::from_millis(ms.min(15_000))
+}
+
+/// Polls `done` until it holds or `limit` passes (the cores make progress
+/// on their own threads; this thread only waits for them).
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(5));
+    }
+}
+
+impl PodHandler for InpodManager {
+    fn add(&mut self, uid: &str, info: PodInfo, netns: OwnedFd) -> Result<(), String> {
+        if let Some(running) = self.pods.get(uid) {
+            // Replayed after a reconnect: the same namespace is the same
+            // pod, already served; another one replaces it.
+            let same = match (
+                crate::netns::inode(running.netns.as_fd()),
+                crate::netns::inode(netns.as_fd()),
+            ) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            };
+            if same {
+                return Ok(());
+            }
+            self.stop(uid);
+        }
+        match self.start(uid, &info, &netns) {
+            Ok(()) => {
+                if self.pending.remove(uid).is_some() {
+                    self.publish();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(uid, info, netns, e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn keep(&mut self, uid: &str) -> Result<(), String> {
+        if self.pods.contains_key(uid) || self.pending.contains_key(uid) {
+            Ok(())
+        } else {
+            Err(format!(
+                "keep for pod {uid}, which ringway does not have (it needs an add with its namespace)"
+            ))
+        }
+    }
+
+    fn del(&mut self, uid: &str) -> Result<(), String> {
+        let was_pending = self.pending.remove(uid).is_some();
+        let was_running = self.stop(uid);
+        if was_pending {
+            self.publish();
+        }
+        if !was_pending && !was_running {
+            tracing::info!(
+                pod = uid,
+                "del for a pod ringway does not have; nothing to do"
+            );
+        }
+        Ok(())
+    }
+
+    fn reconcile(&mut self, replayed: &HashSet<String>) {
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !replayed.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in &gone {
+            self.stop(uid);
+        }
+        let before = self.pending.len();
+        self.pending.retain(|uid, _| replayed.contains(uid));
+        if self.pending.len() != before {
+            self.publish();
+        }
+        tracing::info!(
+            running = self.pods.len(),
+            removed = gone.len(),
+            pending = self.pending.len(),
+            "node agent's pods reconciled"
+        );
+        self.status.synced.store(true, Ordering::Release);
+    }
+
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.next_try <= now)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            let Some(p) = self.pending.remove(&uid) else {
+                continue;
+            };
+            match self.start(&uid, &p.info, &p.netns) {
+                Ok(()) => {
+                    tracing::info!(pod = uid, attempts = p.attempts + 1, "pod started on retry");
+                    self.publish();
+                }
+                Err(e) => {
+                    if e != p.error {
+                        tracing::warn!(pod = uid, error = %e, "pod still fails to start");
+                    }
+                    let attempts = p.attempts;
+                    self.pending.insert(uid.clone(), p);
+                    let pending = self.pending.get_mut(&uid).expect("just inserted");
+                    pending.attempts = attempts + 1;
+                    pending.error = e;
+                    pending.next_try = now + retry_backoff(pending.attempts);
+                }
+            }
+        }
+    }
+
+    fn connected(&mut self, up: bool) {
+        self.status.connected.store(up, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_fifteen_seconds() {
+        assert_eq!(retry_backoff(1), Duration::from_millis(100));
+        assert_eq!(retry_backoff(2), Duration::from_millis(200));
+        assert_eq!(retry_backoff(5), Duration::from_millis(1600));
+        assert_eq!(retry_backoff(50), Duration::from_secs(15));
+    }
+
+    /// A namespace descriptor that is not one is NACKed with the reason,
+    /// kept pending (readiness 503), and dropped by a del.
+    #[test]
+    fn a_pod_that_cannot_start_is_pending_until_deleted() {
+        let (mut m, feed, status) = InpodManager::new(InpodSettings {
+            cores: 1,
+            ports: PodPorts::default(),
+            keepalive: None,
+            cluster_id: "Kubernetes".into(),
+            settle: Duration::from_millis(10),
+        });
+        status.synced.store(true, Ordering::Release);
+        let not_a_netns: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let info = PodInfo {
+            name: "p".into(),
+            namespace: "ns".into(),
+            service_account: "sa".into(),
+        };
+        let err = m.add("uid-1", info, not_a_netns).unwrap_err();
+        assert!(err.contains("namespace"), "{err}");
+        assert!(!status.is_ready());
+        assert!(m.keep("uid-1").is_ok(), "a pending pod is known");
+        assert!(m.keep("uid-2").is_err());
+        assert!(feed.borrow().pods.is_empty());
+        m.del("uid-1").unwrap();
+        assert!(status.is_ready());
+    }
+}

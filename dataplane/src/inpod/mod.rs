@@ -1,0 +1,271 @@
+//! In-pod mode (ztunnel's shared in-pod mode): the node agent (istio-cni)
+//! enrolls each ambient pod over ZDS and hands over its network namespace;
+//! ringway then listens on 15001/15006/15008 *inside* that namespace, on
+//! every core, and makes the pod's outbound and application sockets there
+//! too, marked so the pod's redirection rules let them pass.
+//!
+//! - [`manager`]: the ZDS side (its own thread): binds a pod's listeners
+//!   in its namespace, publishes the set of pods, retries pods that failed,
+//!   answers for readiness.
+//! - here: what crosses to the cores ([`PodSet`], [`PodEntry`]) and what a
+//!   core keeps per pod ([`PodScope`]): the pod's workload, its open
+//!   connections, and the signal that closes them when the pod goes.
+
+pub mod manager;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ringway_controlplane::model::snapshot::Snapshot;
+use ringway_controlplane::model::Workload;
+use tokio::sync::watch;
+
+use crate::config::ProxyWorkload;
+use crate::listeners::{BoundListener, TrafficPath};
+
+/// The listener ports opened in every enrolled pod (ztunnel's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodPorts {
+    pub outbound: u16,
+    pub inbound_passthrough: u16,
+    pub inbound: u16,
+}
+
+impl Default for PodPorts {
+    fn default() -> Self {
+        PodPorts {
+            outbound: 15001,
+            inbound_passthrough: 15006,
+            inbound: 15008,
+        }
+    }
+}
+
+impl PodPorts {
+    pub fn all(&self) -> [(TrafficPath, u16); 3] {
+        [
+            (TrafficPath::Outbound, self.outbound),
+            (TrafficPath::InboundPassthrough, self.inbound_passthrough),
+            (TrafficPath::Inbound, self.inbound),
+        ]
+    }
+}
+
+/// One enrolled pod, as every core sees it. Immutable once published, but
+/// for the per-core listener hand-over and the counters the manager waits
+/// on.
+pub struct PodEntry {
+    /// The agent's uid for the pod (Kubernetes' pod uid).
+    pub uid: String,
+    /// Distinguishes two enrolments of one uid (a pod re-added with a new
+    /// namespace).
+    pub generation: u64,
+    /// The workload it is, as the agent named it.
+    pub workload: ProxyWorkload,
+    /// Istio's uid for that workload (`<cluster>//Pod/<ns>/<name>`), tried
+    /// first when finding it in a snapshot.
+    pub workload_uid: String,
+    pub netns: OwnedFd,
+    /// The pod's own addresses (read inside its namespace): a destination
+    /// there on one of our ports is a loop.
+    pub addrs: Vec<IpAddr>,
+    /// Each core's listeners, taken once by that core (a channel of one,
+    /// so the hand-over needs no lock).
+    listeners: Vec<crossbeam_channel::Receiver<Vec<BoundListener>>>,
+    /// Cores accepting on this pod's listeners.
+    pub serving: AtomicUsize,
+    /// Cores that have closed them again (after the pod was removed).
+    pub stopped: AtomicUsize,
+}
+
+impl PodEntry {
+    pub fn new(
+        uid: String,
+        generation: u64,
+        workload: ProxyWorkload,
+        workload_uid: String,
+        netns: OwnedFd,
+        addrs: Vec<IpAddr>,
+        per_core: Vec<Vec<BoundListener>>,
+    ) -> Self {
+        let listeners = per_core
+            .into_iter()
+            .map(|l| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                tx.send(l).expect("receiver held");
+                rx
+            })
+            .collect();
+        PodEntry {
+            uid,
+            generation,
+            workload,
+            workload_uid,
+            netns,
+            addrs,
+            listeners,
+            serving: AtomicUsize::new(0),
+            stopped: AtomicUsize::new(0),
+        }
+    }
+
+    /// Core `index`'s listeners; None if already taken (or no such core).
+    pub fn take_listeners(&self, index: usize) -> Option<Vec<BoundListener>> {
+        self.listeners.get(index)?.try_recv().ok()
+    }
+}
+
+/// Every enrolled pod, published to the cores as one immutable value.
+#[derive(Default)]
+pub struct PodSet {
+    pub pods: HashMap<String, Arc<PodEntry>>,
+}
+
+/// Cores follow this; the manager publishes.
+pub type PodFeed = watch::Receiver<Arc<PodSet>>;
+
+/// What one core keeps for one enrolled pod while the pod or any of its
+/// connections lives. Core-local.
+pub struct PodScope {
+    pub entry: Arc<PodEntry>,
+    /// The pod's workload uid in the snapshot of the version noted, found
+    /// once per version.
+    workload: RefCell<Option<(u64, Option<String>)>>,
+    open: crate::accesslog::OpenCount,
+    /// Flips to true when the pod's connections must end now (the pod was
+    /// removed and its drain time is up).
+    closing: watch::Sender<bool>,
+}
+
+impl PodScope {
+    pub fn new(entry: Arc<PodEntry>) -> Self {
+        PodScope {
+            entry,
+            workload: RefCell::new(None),
+            open: Default::default(),
+            closing: watch::channel(false).0,
+        }
+    }
+
+    pub fn netns(&self) -> BorrowedFd<'_> {
+        self.entry.netns.as_fd()
+    }
+
+    /// The pod's workload in `snap`: by Istio's uid for it, else (a
+    /// workload named otherwise, e.g. a WorkloadEntry) by namespace, name
+    /// and service account. None: not in the config (yet); fail closed.
+    pub fn workload<'s>(&self, snap: &'s Snapshot) -> Option<&'s Arc<Workload>> {
+        let mut cached = self.workload.borrow_mut();
+        let uid = match &*cached {
+            Some((version, uid)) if *version == snap.version() => uid.clone(),
+            _ => {
+                let pw = &self.entry.workload;
+                let uid = snap
+                    .workload_by_uid(&self.entry.workload_uid)
+                    .filter(|w| pw.is(w))
+                    .or_else(|| snap.workloads().find(|w| pw.is(w)))
+                    .map(|w| w.uid.clone());
+                *cached = Some((snap.version(), uid.clone()));
+                uid
+            }
+        };
+        uid.and_then(|uid| snap.workload_by_uid(&uid))
+    }
+
+    /// A destination on one of `ports` at the pod's own address leads back
+    /// into its listeners.
+    pub fn is_self(&self, dst: SocketAddr, ports: &[u16]) -> bool {
+        ports.contains(&dst.port()) && self.entry.addrs.contains(&dst.ip())
+    }
+
+    pub fn enter(&self) {
+        self.open.enter();
+    }
+
+    pub fn leave(&self) {
+        self.open.leave();
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.get()
+    }
+
+    /// Resolves once none of the pod's connections is open.
+    pub async fn all_closed(&self) {
+        self.open.all_closed().await
+    }
+
+    /// Ends every connection of the pod still open.
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// Resolves when [`close`](Self::close) is called.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+}
+
+/// A pod's namespace as part of an HBONE pool key: tunnels made from one
+/// pod are never reused by another. Equal when the same enrolment.
+#[derive(Clone)]
+pub struct PodNetns(pub Rc<PodScope>);
+
+impl PartialEq for PodNetns {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.entry.generation == other.0.entry.generation
+    }
+}
+impl Eq for PodNetns {}
+impl std::hash::Hash for PodNetns {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.entry.generation.hash(state)
+    }
+}
+impl std::fmt::Debug for PodNetns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pod {}", self.0.entry.uid)
+    }
+}
+
+/// Istio's uid for a Kubernetes pod's workload.
+pub fn pod_workload_uid(cluster: &str, namespace: &str, name: &str) -> String {
+    format!("{cluster}//Pod/{namespace}/{name}")
+}
+
+/// Counts a pod's open connections from enrolment of a connection to its
+/// end (held by the connection's access-log record).
+pub struct PodConn(pub Rc<PodScope>);
+
+impl PodConn {
+    pub fn new(scope: Rc<PodScope>) -> Self {
+        scope.enter();
+        PodConn(scope)
+    }
+}
+
+impl Drop for PodConn {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+impl std::ops::Deref for PodConn {
+    type Target = Rc<PodScope>;
+    fn deref(&self) -> &Rc<PodScope> {
+        &self.0
+    }
+}
+
+/// Counted helper for the manager's waits.
+pub(crate) fn load(n: &AtomicUsize) -> usize {
+    n.load(Ordering::Acquire)
+}

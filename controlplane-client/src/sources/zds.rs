@@ -293,12 +293,19 @@ fn handle(
             let netns = fds.pop().expect("checked: one descriptor");
             handler.add(&add.uid, info, netns)
         }
-        Payload::Keep(keep) => {
-            if let Some(seen) = replay {
+        // `keep` only means something in the replay: "this pod survives the
+        // reconcile". After it, refused, as ztunnel refuses it (ztunnel then
+        // stops reading from the agent altogether; ringway goes on).
+        Payload::Keep(keep) => match replay {
+            Some(seen) => {
                 seen.insert(keep.uid.clone());
+                handler.keep(&keep.uid)
             }
-            handler.keep(&keep.uid)
-        }
+            None => Err(format!(
+                "keep for {} after snapshot_sent: keep belongs to the replay after a connect",
+                keep.uid
+            )),
+        },
         Payload::Del(del) => handler.del(&del.uid),
         Payload::SnapshotSent(_) => {
             match replay.take() {
@@ -568,6 +575,11 @@ mod tests {
                 packet(request(Payload::Del(DelWorkload { uid: "u1".into() })), 0),
                 Ok(()),
                 "del u1",
+            ),
+            (
+                packet(request(Payload::Keep(KeepWorkload { uid: "u1".into() })), 0),
+                Err("after snapshot_sent"),
+                "",
             ),
         ];
         let mut h = Recorder::default();

@@ -250,14 +250,17 @@ impl PodHandler for InpodManager {
         }
     }
 
+    /// Acknowledged either way, as ztunnel does: for a pod ringway does not
+    /// have there is nothing to keep (the agent sends an `add` with its
+    /// namespace when it has one).
     fn keep(&mut self, uid: &str) -> Result<(), String> {
-        if self.pods.contains_key(uid) || self.pending.contains_key(uid) {
-            Ok(())
-        } else {
-            Err(format!(
-                "keep for pod {uid}, which ringway does not have (it needs an add with its namespace)"
-            ))
+        if !self.pods.contains_key(uid) && !self.pending.contains_key(uid) {
+            tracing::warn!(
+                pod = uid,
+                "keep for a pod ringway does not have; nothing to keep"
+            );
         }
+        Ok(())
     }
 
     fn del(&mut self, uid: &str) -> Result<(), String> {
@@ -370,7 +373,7 @@ mod tests {
         assert!(err.contains("namespace"), "{err}");
         assert!(!status.is_ready());
         assert!(m.keep("uid-1").is_ok(), "a pending pod is known");
-        assert!(m.keep("uid-2").is_err());
+        assert!(m.keep("uid-2").is_ok(), "nothing to keep, as in ztunnel");
         assert!(feed.borrow().pods.is_empty());
         m.del("uid-1").unwrap();
         assert!(status.is_ready());

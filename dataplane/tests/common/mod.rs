@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod inpod;
 pub mod nodes;
 pub mod zds;
 pub mod ztunnel;

@@ -126,15 +126,40 @@ impl AgentConn {
 
     /// Sends one request and returns the ack's error ("" = ACK).
     pub fn request(&self, payload: Payload, netns: Option<&std::fs::File>) -> String {
+        self.try_request(payload, netns)
+            .unwrap_or_else(|e| panic!("ZDS request: {e}"))
+    }
+
+    /// [`request`](Self::request), with a closed connection as an error
+    /// rather than a panic (a proxy may hang up on a request it rejects).
+    pub fn try_request(
+        &self,
+        payload: Payload,
+        netns: Option<&std::fs::File>,
+    ) -> Result<String, String> {
         let bytes = WorkloadRequest {
             payload: Some(payload),
         }
         .encode_to_vec();
-        send_with_fd(self.sock.as_raw_fd(), &bytes, netns.map(|f| f.as_raw_fd())).unwrap();
-        let resp = WorkloadResponse::decode(&self.read(Duration::from_secs(20))[..]).unwrap();
+        send_with_fd(self.sock.as_raw_fd(), &bytes, netns.map(|f| f.as_raw_fd()))
+            .map_err(|e| format!("the proxy hung up: {e}"))?;
+        let mut pfd = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 20_000) } <= 0 {
+            return Err("no answer within 20 s".into());
+        }
+        let packet = recv(self.sock.as_raw_fd())
+            .map_err(|e| format!("the proxy hung up: {e}"))?
+            .ok_or_else(|| "the proxy hung up".to_string())?;
+        let resp = WorkloadResponse::decode(&packet.bytes[..])
+            .map_err(|e| format!("undecodable response: {e}"))?;
         match resp.payload {
-            Some(workload_response::Payload::Ack(a)) => a.error,
-            None => panic!("response without an ack"),
+            Some(workload_response::Payload::Ack(a)) => Ok(a.error),
+            None => Err("response without an ack".into()),
         }
     }
 

@@ -133,6 +133,56 @@ impl Ztunnel {
         }
     }
 
+    /// Starts `bin proxy` in `netns` in shared in-pod mode: pods come from
+    /// the node agent at `uds` (an in-test agent), the mesh from the
+    /// LOCAL_XDS file `config`, certificates from its fake CA. Returns once
+    /// it runs (it then connects to the agent on its own, retrying).
+    pub fn start_inpod(
+        bin: &Path,
+        netns: &str,
+        config: &Path,
+        uds: &Path,
+        node: &str,
+        log: &Path,
+    ) -> Ztunnel {
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns])
+            .arg(bin)
+            .arg("proxy")
+            .env("FAKE_CA", "true")
+            .env("XDS_ADDRESS", "")
+            .env("LOCAL_XDS_PATH", config)
+            .env("INPOD_ENABLED", "true")
+            .env("INPOD_UDS", uds)
+            .env("NODE_NAME", node)
+            .env("ENABLE_ORIG_SRC", "false")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(File::create(log).unwrap())
+            .stderr(File::create(log.with_extension("stderr")).unwrap())
+            .spawn()
+            .expect("spawn ztunnel");
+        let mut z = Ztunnel {
+            child: Some(child),
+            log_path: log.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = z.log();
+            if text.contains("local config initialized") && text.contains("in-pod mode enabled") {
+                return z;
+            }
+            if let Some(status) = z.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("ztunnel (in-pod) exited ({status}):\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ztunnel (in-pod) did not come up within 30 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Its log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()

@@ -14,7 +14,8 @@
 //! - [`uring`]: the per-core io_uring readiness reactor every socket wait goes through.
 //! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
 //! - [`accesslog`]: one log line per connection.
-//! - [`config`]: flags and environment.
+//! - [`config`]: flags and environment; executor CPUs and pinning.
+//! - [`cgroup`]: the cgroup CPU quota and cpuset, read for [`config::plan_cores`].
 //! - [`control`]: the control thread (config source, certificates, readiness, signals).
 //! - [`app`]: wiring it together for the binary.
 
@@ -22,6 +23,7 @@ pub mod accesslog;
 pub mod admin;
 pub mod app;
 pub mod authorization;
+pub mod cgroup;
 pub mod config;
 pub mod control;
 pub mod copy;

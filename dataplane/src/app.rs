@@ -17,7 +17,8 @@ use ringway_controlplane::sources::xds::{on_demand_channel, NodeInfo, OnDemandSe
 use ringway_controlplane::SnapshotPublisher;
 use tokio::sync::watch;
 
-use crate::config::{allowed_cpus, format_cpus, plan_cores, Args, ProxyConfig};
+use crate::cgroup::format_cpu_list;
+use crate::config::{format_cpus, plan_cores, Args, CpuFacts, ProxyConfig};
 use crate::control::{CertSourceKind, ConfigSource, Control};
 use crate::listeners::{bind_all, SelfAddrs, TrafficPath};
 use crate::runtime::{
@@ -55,7 +56,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     set_termination_signals_blocked(true);
     let cfg = ProxyConfig::from_args(&args);
 
-    // Config first: an invalid local file must stop startup clearly.
+    // Before the slower steps, so a bad --cores or pinning flag fails fast.
+    let plan = plan_cores(args.cores.as_deref(), &CpuFacts::read(), args.pin_mode()?)?;
+    tracing::info!(
+        cores = %format_cpu_list(&plan.cpus),
+        pinned = plan.pin,
+        cores_reason = plan.cores_reason.as_str(),
+        pin_reason = plan.pin_reason.as_str(),
+        "cores planned"
+    );
+    if let Some(warning) = &plan.warning {
+        tracing::warn!("{warning}");
+    }
+
+    // The config: an invalid local file must stop startup clearly.
     let publisher = SnapshotPublisher::new();
     let (on_demand_tx, source) = config_source(&args, &publisher)?;
 
@@ -89,7 +103,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let plan = plan_cores(args.cores.as_deref(), &allowed_cpus(), args.pin)?;
     check_memlock(plan.cpus.len())?;
     check_io_uring()?;
     raise_nofile();
@@ -311,6 +324,8 @@ fn static_config(args: &Args, plan: &crate::config::CorePlan) -> serde_json::Val
         "readinessAddr": args.readiness_addr.to_string(),
         "cores": plan.cpus,
         "pinned": plan.pin,
+        "coresReason": plan.cores_reason,
+        "pinReason": plan.pin_reason,
         "requireOriginalSource": args.orig_src,
         "fastPath": !args.no_fast_path,
     })

@@ -16,7 +16,8 @@
 //! - [`inpod`]: in-pod mode: pods enrolled over ZDS, listeners in their namespaces.
 //! - [`netns`]: making sockets inside a pod's network namespace.
 //! - [`accesslog`]: one log line per connection.
-//! - [`config`]: flags and environment.
+//! - [`config`]: flags and environment; executor CPUs and pinning.
+//! - [`cgroup`]: the cgroup CPU quota and cpuset, read for [`config::plan_cores`].
 //! - [`control`]: the control thread (config source, certificates, readiness, signals).
 //! - [`app`]: wiring it together for the binary.
 
@@ -24,6 +25,7 @@ pub mod accesslog;
 pub mod admin;
 pub mod app;
 pub mod authorization;
+pub mod cgroup;
 pub mod config;
 pub mod control;
 pub mod copy;

@@ -116,18 +116,24 @@ pub fn ringway_bin() -> &'static str {
 
 impl Ringway {
     pub fn start(netns: Option<&str>, extra: &[&str]) -> Ringway {
-        Self::start_inner(netns, extra, true, None)
+        Self::start_inner(netns, extra, true, None, |_| {})
+    }
+
+    /// [`start`](Self::start) with a last say over the command (e.g. a
+    /// `pre_exec` that moves ringway into a cgroup before it runs).
+    pub fn start_with_command(extra: &[&str], configure: impl FnOnce(&mut Command)) -> Ringway {
+        Self::start_inner(None, extra, true, None, configure)
     }
 
     /// Starts ringway on its embedded default config (no --config).
     pub fn start_embedded(netns: Option<&str>, extra: &[&str]) -> Ringway {
-        Self::start_inner(netns, extra, false, None)
+        Self::start_inner(netns, extra, false, None, |_| {})
     }
 
     /// [`start`](Self::start) with stdout going to `stdout` instead of the
     /// log file (whose lines are then not available).
     pub fn start_with_stdout(netns: Option<&str>, extra: &[&str], stdout: Stdio) -> Ringway {
-        Self::start_inner(netns, extra, true, Some(stdout))
+        Self::start_inner(netns, extra, true, Some(stdout), |_| {})
     }
 
     fn start_inner(
@@ -135,6 +141,7 @@ impl Ringway {
         extra: &[&str],
         own_config: bool,
         stdout: Option<Stdio>,
+        configure: impl FnOnce(&mut Command),
     ) -> Ringway {
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("ringway.log");
@@ -183,6 +190,7 @@ impl Ringway {
             .env("RUST_BACKTRACE", "1")
             .stdout(stdout.unwrap_or_else(|| File::create(&log_path).unwrap().into()))
             .stderr(File::create(dir.path().join("stderr.txt")).unwrap());
+        configure(&mut cmd);
         let mut child = cmd.spawn().expect("spawn ringway");
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {

@@ -100,20 +100,35 @@ impl InpodManager {
     /// until every core accepts on them.
     fn start(&mut self, uid: &str, info: &PodInfo, netns: &OwnedFd) -> Result<(), String> {
         let s = &self.settings;
-        let specs: Vec<_> = s
-            .ports
-            .all()
-            .into_iter()
-            .map(|(path, port)| (path, vec![std::net::SocketAddr::from(([0, 0, 0, 0], port))]))
-            .collect();
+        let specs = |ip: std::net::IpAddr| -> Vec<_> {
+            s.ports
+                .all()
+                .into_iter()
+                .map(|(path, port)| (path, vec![std::net::SocketAddr::new(ip, port)]))
+                .collect()
+        };
+        let (v4, v6) = (specs([0, 0, 0, 0].into()), specs([0u16; 8].into()));
         let bound = crate::netns::within(netns.as_fd(), || {
-            let listeners = bind_all(&specs, s.cores, s.keepalive);
-            (listeners, crate::socket::local_interface_addrs())
+            let listeners = bind_all(&v4, s.cores, s.keepalive);
+            // IPv6 too when the pod has it (istio-cni redirects both
+            // families); a pod without IPv6 cannot bind [::] and is served
+            // on IPv4 alone.
+            let has_v6 = crate::socket::local_interface_addrs()
+                .iter()
+                .any(|ip| ip.is_ipv6() && !ip.is_loopback());
+            let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
+            (listeners, listeners6, crate::socket::local_interface_addrs())
         })
         .map_err(|e| e.to_string())?;
-        let (listeners, addrs) = bound;
-        let per_core: Vec<Vec<BoundListener>> =
+        let (listeners, listeners6, addrs) = bound;
+        let mut per_core: Vec<Vec<BoundListener>> =
             listeners.map_err(|e| format!("pod {uid}: {e:#}"))?;
+        if let Some(listeners6) = listeners6 {
+            let v6 = listeners6.map_err(|e| format!("pod {uid}: {e:#}"))?;
+            for (core, l) in per_core.iter_mut().zip(v6) {
+                core.extend(l);
+            }
+        }
         let netns = netns
             .try_clone()
             .map_err(|e| format!("pod {uid}: cannot keep its namespace: {e}"))?;

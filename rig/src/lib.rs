@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{bail, Context};
 
+pub mod zds;
+
 /// Runs `cmd`; its stderr becomes the error.
 pub fn check(cmd: &mut Command) -> anyhow::Result<()> {
     let out = cmd

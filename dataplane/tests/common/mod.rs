@@ -10,7 +10,8 @@
 
 pub mod inpod;
 pub mod nodes;
-pub mod zds;
+/// The in-test node agent lives in the shared rig (the benchmark uses it).
+pub use ringway_rig::zds;
 pub mod ztunnel;
 
 use std::fs::File;

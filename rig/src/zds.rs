@@ -1,4 +1,5 @@
-//! An in-test node agent: the istio-cni side of ZDS. It listens on a real
+//! An in-test node agent: the istio-cni side of ZDS (for the in-pod
+//! tests and the in-pod benchmark). It listens on a real
 //! unix SOCK_SEQPACKET socket, reads the proxy's hello, and sends requests
 //! one at a time, each `add` with a real pod network namespace attached
 //! (SCM_RIGHTS), waiting for the proxy's ack as istio-cni does.

@@ -588,8 +588,10 @@ pub fn check_io_uring() -> anyhow::Result<()> {
 /// `kernel.io_uring_disabled` (None: not readable or not present).
 pub fn io_uring_diagnosis(e: &std::io::Error, sysctl: Option<u8>) -> String {
     let fix_seccomp = "run ringway with a seccomp profile that allows io_uring_setup, \
-        io_uring_enter and io_uring_register on top of the runtime default (or \
-        seccompProfile: Unconfined)";
+        io_uring_enter and io_uring_register on top of the runtime default: ringway \
+        ships one as deploy/seccomp/ringway.json (install it on the node as \
+        /var/lib/kubelet/seccomp/profiles/ringway.json; the Helm chart's default \
+        seccompProfile refers to it), or use seccompProfile: Unconfined";
     match (e.raw_os_error(), sysctl) {
         (_, Some(2)) => format!(
             "io_uring is disabled on this host (sysctl kernel.io_uring_disabled=2): \
@@ -644,6 +646,7 @@ mod tests {
         let err = |errno| std::io::Error::from_raw_os_error(errno);
         let cases = [
             (libc::EPERM, None, "allows io_uring_setup, io_uring_enter"),
+            (libc::EPERM, None, "deploy/seccomp/ringway.json"),
             (
                 libc::EPERM,
                 Some(0),

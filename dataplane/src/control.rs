@@ -203,6 +203,7 @@ impl Control {
             };
             let (ready, metrics, admin) = (ready.clone(), metrics.clone(), admin.clone());
             let xds = xds_status.clone();
+            let inpod_status = self.inpod.clone();
             let answer = move |method: &str, path: &str, query: &str| -> Answer {
                 if what == "admin" {
                     return admin.answer(method, path, query);
@@ -223,7 +224,10 @@ impl Control {
                     }
                     ("metrics", "/metrics" | "/stats/prometheus") => {
                         let process = crate::metrics::ProcessStats::read();
-                        let body = metrics.render(&process, xds.as_ref().map(|x| x.metrics()));
+                        let mut body = metrics.render(&process, xds.as_ref().map(|x| x.metrics()));
+                        if let Some(inpod) = &inpod_status {
+                            inpod.render(&mut body);
+                        }
                         ("200 OK", PROMETHEUS, body)
                     }
                     _ => ("404 Not Found", TEXT, "not found\n".into()),

@@ -294,6 +294,35 @@ fn pods_on_ringway_and_ztunnel_talk_both_ways() {
     assert_eq!(inb["src.identity"], spiffe("ns", "sa-two"), "{inb}");
     assert_eq!(inb["dst.workload"], "one", "{inb}");
 
+    // Both report the enrolled pod in ztunnel's in-pod series.
+    let (_, ours) = rw.http_get("stats", "/metrics");
+    let theirs = common::in_netns(&znode.name, || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect("127.0.0.1:15020").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    });
+    let inpod_series = |scrape: &str| -> Vec<String> {
+        scrape
+            .lines()
+            .filter(|l| l.starts_with("workload_manager_"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        inpod_series(&ours),
+        inpod_series(&theirs),
+        "in-pod series differ (one pod enrolled, none stopped on either side)"
+    );
+    assert!(
+        inpod_series(&ours).contains(&"workload_manager_active_proxy_count 1".to_string()),
+        "{ours}"
+    );
+
     // And ztunnel saw ringway's pod's identity on its inbound side.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !zt.log().contains(&spiffe("ns", "sa-one")) {

@@ -30,9 +30,53 @@ pub struct InpodStatus {
     pub running: AtomicUsize,
     /// Pods that failed to start and are being retried.
     pub pending: AtomicUsize,
+    /// Pods started (enrolled and serving) and stopped, ever.
+    pub started: AtomicUsize,
+    pub stopped: AtomicUsize,
 }
 
 impl InpodStatus {
+    /// ztunnel's in-pod series (same names and meaning, so dashboards
+    /// built for ztunnel work), appended to a scrape.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write;
+        let series = [
+            (
+                "workload_manager_active_proxy_count",
+                "gauge",
+                "Enrolled pods whose listeners serve on every core",
+                "",
+                &self.running,
+            ),
+            (
+                "workload_manager_pending_proxy_count",
+                "gauge",
+                "Enrolled pods that failed to start and are being retried",
+                "",
+                &self.pending,
+            ),
+            (
+                "workload_manager_proxies_started",
+                "counter",
+                "Pods started since ringway started",
+                "_total",
+                &self.started,
+            ),
+            (
+                "workload_manager_proxies_stopped",
+                "counter",
+                "Pods stopped since ringway started",
+                "_total",
+                &self.stopped,
+            ),
+        ];
+        for (name, kind, help, suffix, value) in series {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name}{suffix} {}", value.load(Ordering::Acquire));
+        }
+    }
+
     /// Ready once the agent's pods are known and all of them run.
     pub fn is_ready(&self) -> bool {
         self.synced.load(Ordering::Acquire) && self.pending.load(Ordering::Acquire) == 0
@@ -117,7 +161,11 @@ impl InpodManager {
                 .iter()
                 .any(|ip| ip.is_ipv6() && !ip.is_loopback());
             let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
-            (listeners, listeners6, crate::socket::local_interface_addrs())
+            (
+                listeners,
+                listeners6,
+                crate::socket::local_interface_addrs(),
+            )
         })
         .map_err(|e| e.to_string())?;
         let (listeners, listeners6, addrs) = bound;
@@ -150,6 +198,7 @@ impl InpodManager {
         ));
         self.pods.insert(uid.to_owned(), entry.clone());
         self.publish();
+        self.status.started.fetch_add(1, Ordering::AcqRel);
         let started = Instant::now();
         let cores = self.settings.cores;
         if !wait_until(self.settings.settle, || load(&entry.serving) >= cores) {
@@ -177,6 +226,7 @@ impl InpodManager {
             return false;
         };
         self.publish();
+        self.status.stopped.fetch_add(1, Ordering::AcqRel);
         let serving = load(&entry.serving);
         if !wait_until(self.settings.settle, || load(&entry.stopped) >= serving) {
             tracing::warn!(

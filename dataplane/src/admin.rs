@@ -32,6 +32,8 @@ pub struct Admin {
     pub node: Option<String>,
     /// Starts the drain.
     pub quit: Arc<tokio::sync::Notify>,
+    /// In-pod mode: the enrolled pods (`workloadState`).
+    pub inpod: Option<Arc<crate::inpod::manager::InpodStatus>>,
 }
 
 /// An answer: status line, content type, body.
@@ -76,6 +78,9 @@ impl Admin {
         o.insert("staticConfig".into(), static_config);
         o.insert("certificates".into(), self.certificates(&snap));
         o.insert("config".into(), self.config.clone());
+        if let Some(inpod) = &self.inpod {
+            o.insert("workloadState".into(), inpod.workload_state());
+        }
         o.insert(
             "version".into(),
             json!({

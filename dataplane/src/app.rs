@@ -170,6 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         config: static_config(&args, &plan),
         node: args.node_name.clone(),
         quit: Arc::new(tokio::sync::Notify::new()),
+        inpod: None,
     };
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -183,6 +184,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             settle: Duration::from_secs(5),
         })
     });
+    let mut admin = admin;
+    admin.inpod = inpod.as_ref().map(|(_, _, status)| status.clone());
     let started = Control {
         source,
         certs: cert_source,

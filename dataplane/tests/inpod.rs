@@ -192,11 +192,23 @@ fn a_pod_that_fails_to_start_is_retried_and_holds_readiness() {
     let nack = conn.add("uid-one", &a.ns.name, "ns", "one", "sa-one");
     assert!(nack.contains("15008"), "NACK names the port: {nack:?}");
     wait_ready(&rw, false);
+    let (_, dump) = rw.http_get("admin", "/config_dump");
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    let state = &dump["workloadState"]["uid-one"];
+    assert_eq!(state["state"], "Pending", "{state}");
+    assert_eq!(state["info"]["name"], "one", "{state}");
+    assert!(
+        state["error"].as_str().unwrap().contains("15008"),
+        "{state}"
+    );
     drop(squatter);
     // Retried (100 ms, doubling) until it runs; then ready again.
     wait_ready(&rw, true);
     connect_marked(&a, &format!("{}:15008", a.ip)).expect("pod listens after the retry");
     rw.wait_log("retry log", |l| l["message"] == "pod started on retry");
+    let (_, dump) = rw.http_get("admin", "/config_dump");
+    let dump: serde_json::Value = serde_json::from_str(&dump).unwrap();
+    assert_eq!(dump["workloadState"]["uid-one"]["state"], "Up", "{dump}");
 
     let not_netns = std::fs::File::open("/dev/null").unwrap();
     let nack = conn.add_fd("uid-bad", &not_netns, "ns", "bad", "sa");

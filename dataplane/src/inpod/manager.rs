@@ -33,9 +33,20 @@ pub struct InpodStatus {
     /// Pods started (enrolled and serving) and stopped, ever.
     pub started: AtomicUsize,
     pub stopped: AtomicUsize,
+    /// Every pod the agent enrolled, for the admin view (ztunnel's
+    /// `workloadState`); written by the ZDS thread at each change, read by
+    /// the control thread, never by a core.
+    pods: std::sync::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl InpodStatus {
+    /// `workloadState` of `/config_dump`: uid → the agent's name for the
+    /// pod and `Up` (serving) or `Pending` (failed to start, retried, with
+    /// the reason).
+    pub fn workload_state(&self) -> serde_json::Value {
+        serde_json::Value::Object(self.pods.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+
     /// ztunnel's in-pod series (same names and meaning, so dashboards
     /// built for ztunnel work), appended to a scrape.
     pub fn render(&self, out: &mut String) {
@@ -138,6 +149,37 @@ impl InpodManager {
         self.status
             .pending
             .store(self.pending.len(), Ordering::Release);
+        let info = |w: &ProxyWorkload| {
+            serde_json::json!({
+                "name": w.name,
+                "namespace": w.namespace,
+                "serviceAccount": w.service_account,
+            })
+        };
+        let mut view = serde_json::Map::new();
+        for (uid, e) in &self.pods {
+            view.insert(
+                uid.clone(),
+                serde_json::json!({ "state": "Up", "info": info(&e.workload) }),
+            );
+        }
+        for (uid, p) in &self.pending {
+            let w = ProxyWorkload {
+                namespace: p.info.namespace.clone(),
+                name: p.info.name.clone(),
+                service_account: p.info.service_account.clone(),
+            };
+            view.insert(
+                uid.clone(),
+                serde_json::json!({
+                    "state": "Pending",
+                    "info": info(&w),
+                    "error": p.error,
+                    "attempts": p.attempts,
+                }),
+            );
+        }
+        *self.status.pods.lock().unwrap_or_else(|p| p.into_inner()) = view;
     }
 
     /// Binds the pod's listeners in its namespace, publishes it, and waits
@@ -394,6 +436,7 @@ impl PodHandler for InpodManager {
                     pending.attempts = attempts + 1;
                     pending.error = e;
                     pending.next_try = now + retry_backoff(pending.attempts);
+                    self.publish();
                 }
             }
         }

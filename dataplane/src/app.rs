@@ -329,7 +329,7 @@ fn static_config(args: &Args, plan: &crate::config::CorePlan) -> serde_json::Val
         "pinned": plan.pin,
         "coresReason": plan.cores_reason,
         "pinReason": plan.pin_reason,
-        "requireOriginalSource": args.orig_src,
+        "requireOriginalSource": args.orig_src(),
         "fastPath": !args.no_fast_path,
     })
 }

@@ -190,12 +190,14 @@ pub struct Args {
     /// Connect to local applications from the original client's address
     /// (the tunnel's or the plaintext connection's TCP peer, never a
     /// header a client writes), as ztunnel does, instead of from this
-    /// node's. Needs CAP_NET_ADMIN and return-path routing for the replies
-    /// (`scripts/orig-src-rules.sh`); without them connections fail, so it
-    /// is off unless asked for (ztunnel's in-pod default is best effort
-    /// because istio-cni always installs that routing).
-    #[arg(long, env = "ENABLE_ORIG_SRC")]
-    pub orig_src: bool,
+    /// node's (or, in-pod, the pod's own). Needs CAP_NET_ADMIN and
+    /// return-path routing for the replies: istio-cni's in-pod rules carry
+    /// it (`scripts/inpod-rules.sh` too), so in-pod mode defaults to on, as
+    /// ztunnel's does; node-level capture needs `scripts/orig-src-rules.sh`
+    /// and defaults to off. `--orig-src=false` turns it off.
+    #[arg(long, env = "ENABLE_ORIG_SRC", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub orig_src: Option<bool>,
 
     /// Dedicated mode ("namespace/name/service-account"), like ztunnel's
     /// PROXY_MODE=dedicated with PROXY_WORKLOAD_INFO: every captured or
@@ -361,6 +363,12 @@ pub const DEFAULT_SOCKS5_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15080);
 
 impl Args {
+    /// Whether applications are reached from the client's address: as
+    /// asked, else on in in-pod mode only (see `--orig-src`).
+    pub fn orig_src(&self) -> bool {
+        self.orig_src.unwrap_or(self.inpod)
+    }
+
     /// The SOCKS5 listener addresses; empty when it is off.
     pub fn socks5_addrs(&self) -> Vec<SocketAddr> {
         if !self.socks5_addr.is_empty() {
@@ -858,7 +866,7 @@ impl ProxyConfig {
             node_name: args.node_name.clone(),
             allow_unknown_source: args.allow_unknown_source,
             proxy_workload: args.proxy_workload.clone(),
-            orig_src: args.orig_src,
+            orig_src: args.orig_src(),
             fast_path: !args.no_fast_path,
             pool: PoolConfig {
                 max_streams: args.pool_max_streams.max(1),
@@ -1210,6 +1218,22 @@ mod tests {
             parse(&["--socks5", "--socks5-addr", "127.0.0.1:0"]),
             vec!["127.0.0.1:0".parse().unwrap()]
         );
+    }
+
+    /// Original source: asked for, or by default in in-pod mode only.
+    #[test]
+    fn orig_src_defaults_on_in_pod_only() {
+        let parse = |args: &[&str]| {
+            let mut full = vec!["ringway"];
+            full.extend_from_slice(args);
+            Cli::try_parse_from(full).unwrap().run.orig_src()
+        };
+        assert!(!parse(&[]));
+        assert!(parse(&["--orig-src"]));
+        assert!(parse(&["--orig-src=true"]));
+        assert!(parse(&["--inpod"]));
+        assert!(!parse(&["--inpod", "--orig-src=false"]));
+        assert!(!parse(&["--orig-src=false"]));
     }
 
     #[test]

@@ -285,7 +285,8 @@ fn pods_on_ringway_and_ztunnel_talk_both_ways() {
     // ztunnel's pod → ringway's pod.
     let mut s = connect(&b, &format!("{}:8080", a.ip)).unwrap();
     let greeting = round_trip(&mut s, "from ztunnel's pod");
-    assert_eq!(greeting, format!("peer={}", a.ip));
+    // From the client pod's address: original source, in-pod default.
+    assert_eq!(greeting, format!("peer={}", b.ip));
     drop(s);
     let inb = rw.wait_log("ringway's inbound stream line", |l| {
         l["scope"] == "access" && l["direction"] == "inbound" && l["dst.hbone_addr"].is_string()

@@ -181,7 +181,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ports: pod_ports,
             keepalive,
             cluster_id: args.cluster_id.clone(),
-            settle: Duration::from_secs(5),
+            // Well inside istio-cni's 5 s deadline for an answer: a late ack
+            // would be read as the answer to its next request.
+            settle: Duration::from_secs(2),
         })
     });
     let mut admin = admin;
@@ -233,17 +235,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // then means every core serves the pod.
     let zds_stop = Arc::new(AtomicBool::new(false));
     let zds = match inpod {
-        Some((mut manager, _, _)) => {
+        Some((mut manager, _, status)) => {
             let cfg = ringway_controlplane::sources::zds::ZdsConfig::new(args.inpod_uds.clone());
             let stop = zds_stop.clone();
             tracing::info!(socket = %cfg.socket.display(), "in-pod mode: enrolling pods from the node agent over ZDS");
+            // Shutdown ends the ZDS connection as it begins, before the
+            // cores drain (they stop following the pod set then): an add
+            // acknowledged during the drain would be a pod nobody serves.
+            let mut draining = shutdown_rx.clone();
+            let stop_at_drain = zds_stop.clone();
+            std::thread::Builder::new()
+                .name("ringway-zds-stop".into())
+                .spawn(move || {
+                    futures_lite::future::block_on(async {
+                        let _ = draining.wait_for(|closing| *closing).await;
+                    });
+                    stop_at_drain.store(true, Ordering::Release);
+                })
+                .context("cannot start the ZDS stop thread")?;
             Some(
                 std::thread::Builder::new()
                     .name("ringway-zds".into())
                     .spawn(move || {
+                        let _lost = ZdsThreadGuard {
+                            status,
+                            stop: stop.clone(),
+                        };
                         ringway_controlplane::sources::zds::run(&cfg, &mut manager, &stop);
-                        // Dropping the manager drops the pod set's last
-                        // publisher: cores stop following it.
                     })
                     .context("cannot start the ZDS thread")?,
             )
@@ -306,6 +324,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     tracing::info!("ringway stopped");
     Ok(())
+}
+
+/// Notices the ZDS thread ending before shutdown (a panic): no pod can be
+/// added or removed any more, so readiness turns 503 for good and the log
+/// says why; the pods already enrolled stay served.
+struct ZdsThreadGuard {
+    status: Arc<crate::inpod::manager::InpodStatus>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for ZdsThreadGuard {
+    fn drop(&mut self) {
+        if !self.stop.load(Ordering::Acquire) {
+            self.status.lost.store(true, Ordering::Release);
+            tracing::error!(
+                "the ZDS thread stopped: pods can no longer be enrolled or removed; \
+                 readiness reports 503 from now on"
+            );
+        }
+    }
 }
 
 /// The `config` of `/config_dump`: the settings ringway runs with.

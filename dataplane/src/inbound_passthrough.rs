@@ -43,6 +43,18 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let network = &core.cfg.network;
     let source = snapshot.workload_by_addr(network, src.ip()).map(|w| &**w);
     let destination = authorization::local_workload(&snapshot, &core.cfg, dst.ip()).map(|w| &**w);
+    // In a pod (in-pod mode), only to the pod's own workload: anything else
+    // would be forwarded from inside this pod's namespace.
+    let own = match (log.pod.as_deref(), destination) {
+        (None, _) => Ok(()),
+        (Some(_), None) => Err(format!("no local workload at {}", dst.ip())),
+        (Some(pod), Some(d)) => crate::inpod::is_pods_own(Some(pod), &snapshot, d),
+    };
+    if let Err(why) = own {
+        drop(snapshot);
+        socket::set_reset_on_close(fd);
+        return log.fail(format!("refused: {why}"));
+    }
     log.names = Names::new(source, destination, None);
     log.count(core.metrics.counters(&ConnLabels {
         reporter: Reporter::Destination,

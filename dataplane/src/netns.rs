@@ -30,9 +30,11 @@ fn setns(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// thread in the network namespace `ns`, then returns to the thread's own.
 /// An error entering says why (not a network namespace, no CAP_SYS_ADMIN).
 ///
-/// Panics if the thread cannot return home: a core left in a pod's
-/// namespace would make every later socket there, so it must stop (its
-/// readiness goes 503) rather than go on.
+/// The way back is a guard, taken also if `f` panics. If the thread cannot
+/// return, the process aborts: a core left in a pod's namespace would make
+/// every later socket there, for every pod and for node-level traffic, and
+/// a panic would not stop it (the executor catches a task's panic and the
+/// core goes on).
 pub fn within<T>(ns: BorrowedFd<'_>, f: impl FnOnce() -> T) -> io::Result<T> {
     HOME.with(|home| -> io::Result<T> {
         if home.get().is_none() {
@@ -51,20 +53,40 @@ pub fn within<T>(ns: BorrowedFd<'_>, f: impl FnOnce() -> T) -> io::Result<T> {
                 format!("cannot enter the pod's network namespace: {e}{hint}"),
             )
         })?;
-        let out = f();
-        if let Err(e) = setns(home.as_fd()) {
-            panic!("cannot return to ringway's own network namespace: {e}");
-        }
-        Ok(out)
+        let _back = ReturnHome(home.as_fd());
+        Ok(f())
     })
 }
 
-/// The inode of a namespace descriptor: equal inodes are the same
-/// namespace (how a pod's namespace is told apart from ringway's own).
-pub fn inode(ns: BorrowedFd<'_>) -> io::Result<u64> {
+/// Steps the thread back into its own namespace when dropped.
+struct ReturnHome<'a>(BorrowedFd<'a>);
+
+impl Drop for ReturnHome<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = setns(self.0) {
+            // No logging here: the writer may be what failed. stderr is
+            // unbuffered and reaches the container log.
+            eprintln!("ringway: cannot return to its own network namespace: {e}; aborting");
+            std::process::abort();
+        }
+    }
+}
+
+/// The identity of a namespace descriptor (device and inode): equal means
+/// the same namespace.
+pub fn id(ns: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let dup = ns.try_clone_to_owned()?;
-    Ok(std::fs::File::from(dup).metadata()?.ino())
+    let m = std::fs::File::from(dup).metadata()?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Whether `ns` is this process's own network namespace (a node agent that
+/// hands ringway its own namespace, or the host's, as a pod's would have
+/// ringway capture itself).
+pub fn is_own(ns: BorrowedFd<'_>) -> io::Result<bool> {
+    let own = std::fs::File::open("/proc/self/ns/net")?;
+    Ok(id(ns)? == id(own.as_fd())?)
 }
 
 #[cfg(test)]
@@ -75,11 +97,9 @@ mod tests {
     /// and the thread stays where it was.
     #[test]
     fn not_a_namespace_is_a_clear_error() {
-        let before = inode(
-            std::fs::File::open("/proc/thread-self/ns/net")
-                .unwrap()
-                .as_fd(),
-        )
+        let before = id(std::fs::File::open("/proc/thread-self/ns/net")
+            .unwrap()
+            .as_fd())
         .unwrap();
         let file = std::fs::File::open("/dev/null").unwrap();
         let err = within(file.as_fd(), || ()).unwrap_err().to_string();
@@ -87,11 +107,9 @@ mod tests {
             err.contains("not a network namespace") || err.contains("CAP_SYS_ADMIN"),
             "{err}"
         );
-        let after = inode(
-            std::fs::File::open("/proc/thread-self/ns/net")
-                .unwrap()
-                .as_fd(),
-        )
+        let after = id(std::fs::File::open("/proc/thread-self/ns/net")
+            .unwrap()
+            .as_fd())
         .unwrap();
         assert_eq!(before, after);
     }

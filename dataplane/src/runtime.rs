@@ -412,8 +412,10 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: crate::inpod::PodFeed) {
                         open = scope.open(),
                         "pod removed: closing its remaining connections"
                     );
-                    scope.close();
                 }
+                // Closed either way: the pool's reaper drops any tunnel of
+                // the pod that was still being opened.
+                scope.close();
                 let generation = scope.entry.generation;
                 core.pool.retain(|key| {
                     key.pod
@@ -451,7 +453,10 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: crate::inpod::PodFeed) {
         }
         core.metrics.stats.pods.set(running.len() as u64);
         if feed.changed().await.is_err() {
-            break;
+            // The ZDS thread is gone (it failed; readiness says so). The
+            // pods enrolled so far keep being served rather than all being
+            // dropped at once; the drain at shutdown ends them.
+            std::future::pending::<()>().await;
         }
     }
 }

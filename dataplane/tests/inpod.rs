@@ -87,6 +87,13 @@ fn enrolled_pods_talk_over_hbone_and_removal_drains() {
 
     let removed = Instant::now();
     assert_eq!(c2.del("pod-b"), "");
+    // Drained, not cut: the open connection still carries bytes after the
+    // del is acknowledged, until --drain-timeout (1 s).
+    let mut w = held.try_clone().unwrap();
+    std::io::Write::write_all(&mut w, b"still here").unwrap();
+    let mut echo = [0u8; 10];
+    held_reader.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"still here");
     // Listeners are gone as soon as the del is acknowledged.
     let refused = connect_marked(&a, &format!("{}:15008", b.ip));
     assert!(
@@ -102,7 +109,10 @@ fn enrolled_pods_talk_over_hbone_and_removal_drains() {
     let r = held_reader.read(&mut buf);
     assert!(common::peer_closed(&r), "held connection: {r:?}");
     let took = removed.elapsed();
-    assert!(took < Duration::from_secs(8), "closed only after {took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(8),
+        "closed after {took:?}, not after the 1 s drain"
+    );
     rw2.wait_log("removal log", |l| {
         l["message"]
             .as_str()
@@ -353,4 +363,65 @@ fn a_hundred_pods_come_and_go_without_leaking() {
         "memory grows across rounds (KiB): {after_round:?}"
     );
     drop(conn);
+}
+
+/// An enrolled pod whose workload the mesh config does not have (yet):
+/// its listeners run, but its traffic is refused, fail closed, with the
+/// reason in the access log; inbound to it too.
+#[test]
+fn a_pod_missing_from_the_config_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = pod_pair("ip5", 8);
+    // Only pod B is in the mesh; pod A is enrolled but unknown.
+    let cfg = common::write_config(
+        dir.path(),
+        "mesh.yaml",
+        &mesh(&[("server", "ns", &b.ip, "node1")]),
+    );
+    let agent = Agent::listen(&dir.path().join("zds.sock"));
+    let rw = start_node(dir.path(), "node1", &agent, &cfg);
+    let conn = agent.accept(Duration::from_secs(10));
+    assert_eq!(conn.snapshot_sent(), "");
+    assert_eq!(
+        conn.add("uid-a", &a.ns.name, "ns", "client", "sa-client"),
+        ""
+    );
+    assert_eq!(
+        conn.add("uid-b", &b.ns.name, "ns", "server", "sa-server"),
+        ""
+    );
+    serve_app(&b, 8080);
+    match connect(&a, &format!("{}:8080", b.ip)) {
+        Ok(mut s) => {
+            let mut buf = [0u8; 16];
+            let r = s.read(&mut buf);
+            assert!(
+                common::peer_closed(&r),
+                "unknown pod's traffic got through: {r:?}"
+            );
+        }
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    let line = rw.wait_log("refusal", |l| {
+        l["scope"] == "access" && l["direction"] == "outbound"
+    });
+    let error = line["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("not in the mesh config"),
+        "outbound from an unknown pod: {line}"
+    );
+    // Plaintext into pod A (captured to its 15006) is refused too: there is
+    // no workload whose policies could admit it.
+    serve_app(&a, 8080);
+    match connect_marked(&b, &format!("{}:8080", a.ip)) {
+        Ok(mut s) => {
+            let mut buf = [0u8; 16];
+            let r = s.read(&mut buf);
+            assert!(
+                common::peer_closed(&r),
+                "inbound to an unknown pod got through: {r:?}"
+            );
+        }
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
 }

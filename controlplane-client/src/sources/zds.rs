@@ -307,13 +307,15 @@ fn handle(
             )),
         },
         Payload::Del(del) => handler.del(&del.uid),
-        Payload::SnapshotSent(_) => {
-            match replay.take() {
-                Some(seen) => handler.reconcile(&seen),
-                None => tracing::warn!("a second snapshot_sent on one connection; ignored"),
+        // As ztunnel: a second snapshot_sent is a confused agent, refused
+        // (ztunnel answers "pod snapshot received already").
+        Payload::SnapshotSent(_) => match replay.take() {
+            Some(seen) => {
+                handler.reconcile(&seen);
+                Ok(())
             }
-            Ok(())
-        }
+            None => Err("a second snapshot_sent on one connection".into()),
+        },
     }
 }
 
@@ -521,6 +523,11 @@ mod tests {
         let cases: Vec<(Packet, Result<(), &str>, &str)> = vec![
             (packet(request(add("u1")), 1), Ok(()), "add u1 ns/pod"),
             (
+                packet(request(Payload::Del(DelWorkload { uid: "u0".into() })), 0),
+                Ok(()),
+                "del u0",
+            ),
+            (
                 packet(request(add("u2")), 0),
                 Err("exactly one network namespace"),
                 "",
@@ -581,6 +588,11 @@ mod tests {
                 Err("after snapshot_sent"),
                 "",
             ),
+            (
+                packet(request(Payload::SnapshotSent(SnapshotSent {})), 0),
+                Err("second snapshot_sent"),
+                "",
+            ),
         ];
         let mut h = Recorder::default();
         let mut replay = Some(HashSet::new());
@@ -599,6 +611,109 @@ mod tests {
             }
         }
         assert!(replay.is_none(), "the replay ends at snapshot_sent");
+    }
+
+    /// Descriptors of this process that refer to `path`.
+    fn open_fds_to(path: &std::path::Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|target| target == path)
+            .count()
+    }
+
+    /// Over a real socket pair, ill-formed packets get a NACK each, the
+    /// connection goes on, and every descriptor that came with them is
+    /// closed, not leaked: a packet longer than 1024 bytes, an add with two
+    /// descriptors, a del with one.
+    #[test]
+    fn bad_packets_are_refused_and_their_descriptors_closed() {
+        let mut pair = [0; 2];
+        // SAFETY: socketpair fills two descriptors we then own.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                pair.as_mut_ptr(),
+            )
+        };
+        assert_eq!(r, 0);
+        // SAFETY: both descriptors are fresh from socketpair.
+        let (agent, proxy) =
+            unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let marker = std::env::temp_dir().join(format!("zds-fd-marker-{}", std::process::id()));
+        let file = std::fs::File::create(&marker).unwrap();
+        let marker = marker.canonicalize().unwrap();
+        let send_two = |bytes: &[u8]| {
+            // Two descriptors in one SCM_RIGHTS message.
+            let mut iov = libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            };
+            // SAFETY: msghdr is plain old data, then filled in.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            let space = cmsg_space(2);
+            let mut control = vec![0u64; space.div_ceil(8)];
+            msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space as _;
+            // SAFETY: room for one cmsghdr with two ints.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(2 * 4) as _;
+                let data = libc::CMSG_DATA(cmsg) as *mut libc::c_int;
+                std::ptr::write_unaligned(data, file.as_raw_fd());
+                std::ptr::write_unaligned(data.add(1), file.as_raw_fd());
+                assert!(libc::sendmsg(agent.as_raw_fd(), &msg, 0) >= 0);
+            }
+        };
+        send_with_fd(agent.as_raw_fd(), &vec![0u8; 1500], Some(file.as_raw_fd())).unwrap();
+        send_two(&request(add("two-fds")));
+        send_with_fd(
+            agent.as_raw_fd(),
+            &request(Payload::Del(DelWorkload { uid: "x".into() })),
+            Some(file.as_raw_fd()),
+        )
+        .unwrap();
+        send_with_fd(
+            agent.as_raw_fd(),
+            &request(Payload::SnapshotSent(SnapshotSent {})),
+            None,
+        )
+        .unwrap();
+        let stop = AtomicBool::new(false);
+        let cfg = ZdsConfig::new("/unused");
+        let mut h = Recorder::default();
+        let mut acks = Vec::new();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while acks.len() < 4 {
+                    let p = recv(agent.as_raw_fd()).unwrap().unwrap();
+                    let resp = WorkloadResponse::decode(&p.bytes[..]).unwrap();
+                    let Some(workload_response::Payload::Ack(a)) = resp.payload else {
+                        panic!("not an ack")
+                    };
+                    acks.push(a.error);
+                }
+                stop.store(true, Ordering::Release);
+            });
+            serve(&proxy, &cfg, &mut h, &stop).unwrap();
+        });
+        assert!(acks[0].contains("truncated"), "{acks:?}");
+        assert!(acks[1].contains("exactly one"), "{acks:?}");
+        assert!(acks[2].contains("unexpected 1 descriptor"), "{acks:?}");
+        assert_eq!(acks[3], "", "the connection goes on: {acks:?}");
+        assert_eq!(
+            h.calls,
+            vec!["reconcile "],
+            "only the good request reached the handler"
+        );
+        assert_eq!(open_fds_to(&marker), 1, "a received descriptor leaked");
+        let _ = std::fs::remove_file(&marker);
     }
 
     /// Over a real SEQPACKET pair: the descriptor crosses, the hello and the

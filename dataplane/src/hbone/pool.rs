@@ -237,9 +237,14 @@ impl Pool {
         self.conns.borrow_mut().retain(|k, _| keep(k));
     }
 
+    /// Also drops a removed pod's connections that were still being opened
+    /// when the pod's were evicted.
     pub fn reap(&self) {
         let idle = self.cfg.idle_timeout;
-        self.conns.borrow_mut().retain(|_, list| {
+        self.conns.borrow_mut().retain(|key, list| {
+            if key.pod.as_ref().is_some_and(|p| p.0.is_closed()) {
+                return false;
+            }
             list.retain(|c| {
                 let idle_too_long = c.active.get() == 0 && c.last_used.get().elapsed() >= idle;
                 !c.broken.get() && !idle_too_long

@@ -44,7 +44,9 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     };
     log.dst = Some(dst);
 
-    // The certificate is the dialled workload's own: choose it by IP.
+    // The certificate is the dialled workload's own: choose it by IP. In a
+    // pod (in-pod mode) that must be the pod's own workload: a stale
+    // address mapping must not make it present another's identity.
     let id = {
         let snap = core.snapshot();
         let Some(workload) = authorization::local_workload(&snap, &core.cfg, dst.ip()) else {
@@ -54,6 +56,10 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 dst.ip()
             ));
         };
+        if let Err(why) = crate::inpod::is_pods_own(log.pod.as_deref(), &snap, workload) {
+            socket::set_reset_on_close(fd);
+            return log.fail(why);
+        }
         workload.identity()
     };
     log.dst_identity = Some(id.to_string());
@@ -197,6 +203,12 @@ fn admit(
         .or_else(|| request.uri().authority().map(|a| a.host()))
         .filter(|h| h.parse::<IpAddr>().is_err() && !h.starts_with('['));
     let destination = authorization::local_workload(&snapshot, &core.cfg, conn_dst.ip());
+    if let Some(d) = destination {
+        if let Err(why) = crate::inpod::is_pods_own(log.pod.as_deref(), &snapshot, d) {
+            reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+            return refused(log, format!("503: {why}"));
+        }
+    }
     // A stream that crossed a network gateway (`x-forwarded-network` names
     // another network) has the gateway as its TCP peer: the source is what
     // its `baggage` says, as ztunnel reads it.

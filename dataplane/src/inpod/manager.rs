@@ -30,6 +30,9 @@ pub struct InpodStatus {
     pub running: AtomicUsize,
     /// Pods that failed to start and are being retried.
     pub pending: AtomicUsize,
+    /// False once the ZDS thread has ended before shutdown (it panicked):
+    /// pods can no longer be added or removed, so readiness fails for good.
+    pub lost: AtomicBool,
     /// Pods started (enrolled and serving) and stopped, ever.
     pub started: AtomicUsize,
     pub stopped: AtomicUsize,
@@ -88,9 +91,12 @@ impl InpodStatus {
         }
     }
 
-    /// Ready once the agent's pods are known and all of them run.
+    /// Ready once the agent's pods are known (its replay since the last
+    /// connect is complete) and all of them run, as ztunnel's readiness.
     pub fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::Acquire) && self.pending.load(Ordering::Acquire) == 0
+        self.synced.load(Ordering::Acquire)
+            && self.pending.load(Ordering::Acquire) == 0
+            && !self.lost.load(Ordering::Acquire)
     }
 }
 
@@ -138,11 +144,18 @@ impl InpodManager {
         (m, feed, status)
     }
 
+    /// Hands the cores the new pod set (only when it changed: each
+    /// publication wakes every core), then updates the status.
     fn publish(&self) {
         let set = PodSet {
             pods: self.pods.clone(),
         };
         self.publish.send_replace(Arc::new(set));
+        self.update_status();
+    }
+
+    /// What readiness, metrics and the admin view read.
+    fn update_status(&self) {
         self.status
             .running
             .store(self.pods.len(), Ordering::Release);
@@ -185,6 +198,15 @@ impl InpodManager {
     /// Binds the pod's listeners in its namespace, publishes it, and waits
     /// until every core accepts on them.
     fn start(&mut self, uid: &str, info: &PodInfo, netns: &OwnedFd) -> Result<(), String> {
+        match crate::netns::is_own(netns.as_fd()) {
+            Ok(false) => {}
+            Ok(true) => {
+                return Err(format!(
+                    "pod {uid}: the namespace given is ringway's own, not a pod's"
+                ))
+            }
+            Err(e) => return Err(format!("pod {uid}: cannot inspect its namespace: {e}")),
+        }
         let s = &self.settings;
         let specs = |ip: std::net::IpAddr| -> Vec<_> {
             s.ports
@@ -199,9 +221,16 @@ impl InpodManager {
             // IPv6 too when the pod has it (istio-cni redirects both
             // families); a pod without IPv6 cannot bind [::] and is served
             // on IPv4 alone.
+            // Link-local addresses (fe80::/10), which every interface gets,
+            // do not count: IPv4-only clusters would bind twice the sockets.
             let has_v6 = crate::socket::local_interface_addrs()
                 .iter()
-                .any(|ip| ip.is_ipv6() && !ip.is_loopback());
+                .any(|ip| match ip {
+                    std::net::IpAddr::V6(v6) => {
+                        !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80
+                    }
+                    _ => false,
+                });
             let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
             (
                 listeners,
@@ -240,17 +269,21 @@ impl InpodManager {
         ));
         self.pods.insert(uid.to_owned(), entry.clone());
         self.publish();
-        self.status.started.fetch_add(1, Ordering::AcqRel);
         let started = Instant::now();
         let cores = self.settings.cores;
         if !wait_until(self.settings.settle, || load(&entry.serving) >= cores) {
-            tracing::warn!(
-                pod = uid,
-                serving = load(&entry.serving),
-                cores,
-                "not every core picked the pod up in time; acknowledging anyway"
-            );
+            // A core that does not follow (stopped, or stuck) would leave
+            // its share of the pod's connections queued on a socket nobody
+            // accepts. Not served, so not acknowledged: the pod is taken
+            // back (its unclaimed sockets close with the entry) and retried.
+            let serving = load(&entry.serving);
+            self.stop(uid);
+            return Err(format!(
+                "pod {uid}: only {serving} of {cores} cores picked it up within {:?}",
+                self.settings.settle
+            ));
         }
+        self.status.started.fetch_add(1, Ordering::AcqRel);
         tracing::info!(
             pod = uid,
             workload = %entry.workload,
@@ -294,7 +327,7 @@ impl InpodManager {
                 next_try: Instant::now() + backoff,
             },
         );
-        self.publish();
+        self.update_status();
     }
 
     /// The pods enrolled now (for tests and the admin view).
@@ -332,8 +365,8 @@ impl PodHandler for InpodManager {
             // Replayed after a reconnect: the same namespace is the same
             // pod, already served; another one replaces it.
             let same = match (
-                crate::netns::inode(running.netns.as_fd()),
-                crate::netns::inode(netns.as_fd()),
+                crate::netns::id(running.netns.as_fd()),
+                crate::netns::id(netns.as_fd()),
             ) {
                 (Ok(a), Ok(b)) => a == b,
                 _ => false,
@@ -346,7 +379,7 @@ impl PodHandler for InpodManager {
         match self.start(uid, &info, &netns) {
             Ok(()) => {
                 if self.pending.remove(uid).is_some() {
-                    self.publish();
+                    self.update_status();
                 }
                 Ok(())
             }
@@ -374,7 +407,7 @@ impl PodHandler for InpodManager {
         let was_pending = self.pending.remove(uid).is_some();
         let was_running = self.stop(uid);
         if was_pending {
-            self.publish();
+            self.update_status();
         }
         if !was_pending && !was_running {
             tracing::info!(
@@ -398,7 +431,7 @@ impl PodHandler for InpodManager {
         let before = self.pending.len();
         self.pending.retain(|uid, _| replayed.contains(uid));
         if self.pending.len() != before {
-            self.publish();
+            self.update_status();
         }
         tracing::info!(
             running = self.pods.len(),
@@ -424,7 +457,7 @@ impl PodHandler for InpodManager {
             match self.start(&uid, &p.info, &p.netns) {
                 Ok(()) => {
                     tracing::info!(pod = uid, attempts = p.attempts + 1, "pod started on retry");
-                    self.publish();
+                    self.update_status();
                 }
                 Err(e) => {
                     if e != p.error {
@@ -436,14 +469,18 @@ impl PodHandler for InpodManager {
                     pending.attempts = attempts + 1;
                     pending.error = e;
                     pending.next_try = now + retry_backoff(pending.attempts);
-                    self.publish();
+                    self.update_status();
                 }
             }
         }
     }
 
+    /// A new connection starts with the agent's replay: until its
+    /// `snapshot_sent`, ringway does not know which of its pods are still
+    /// wanted, so readiness waits for it again, as ztunnel's does.
     fn connected(&mut self, up: bool) {
         self.status.connected.store(up, Ordering::Release);
+        self.status.synced.store(false, Ordering::Release);
     }
 }
 

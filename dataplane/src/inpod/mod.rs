@@ -156,20 +156,32 @@ impl PodScope {
         self.entry.netns.as_fd()
     }
 
-    /// The pod's workload in `snap`: by Istio's uid for it, else (a
-    /// workload named otherwise, e.g. a WorkloadEntry) by namespace, name
-    /// and service account. None: not in the config (yet); fail closed.
+    /// The pod's workload in `snap`: the one with Istio's uid for the pod
+    /// (`<cluster>//Pod/<ns>/<name>`) and the agent's namespace, name and
+    /// service account. None: not in the config (yet); fail closed.
     pub fn workload<'s>(&self, snap: &'s Snapshot) -> Option<&'s Arc<Workload>> {
         let mut cached = self.workload.borrow_mut();
         let uid = match &*cached {
             Some((version, uid)) if *version == snap.version() => uid.clone(),
             _ => {
+                // By Istio's uid for the pod only: a scan by name would cost
+                // every workload per pod, core and version, and could match
+                // a same-named pod of another cluster. `--cluster-id` must
+                // be istiod's for the uid to match.
                 let pw = &self.entry.workload;
                 let uid = snap
                     .workload_by_uid(&self.entry.workload_uid)
                     .filter(|w| pw.is(w))
-                    .or_else(|| snap.workloads().find(|w| pw.is(w)))
                     .map(|w| w.uid.clone());
+                if uid.is_none() && snap.version() > 0 {
+                    tracing::warn!(
+                        pod = %self.entry.uid,
+                        workload = %pw,
+                        uid = %self.entry.workload_uid,
+                        "enrolled pod has no workload in the mesh config (is --cluster-id \
+                         istiod's?); its traffic is refused until it appears"
+                    );
+                }
                 *cached = Some((snap.version(), uid.clone()));
                 uid
             }
@@ -205,12 +217,40 @@ impl PodScope {
         self.closing.send_replace(true);
     }
 
+    /// The pod was removed and its drain is over.
+    pub fn is_closed(&self) -> bool {
+        *self.closing.borrow()
+    }
+
     /// Resolves when [`close`](Self::close) is called.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + 'static {
         let mut rx = self.closing.subscribe();
         async move {
             let _ = rx.wait_for(|c| *c).await;
         }
+    }
+}
+
+/// Outside in-pod mode (`pod` None), any local workload; in a pod, only
+/// the pod's own workload may be served there (the error says why not).
+pub fn is_pods_own(
+    pod: Option<&Rc<PodScope>>,
+    snap: &Snapshot,
+    workload: &Workload,
+) -> Result<(), String> {
+    let Some(pod) = pod else {
+        return Ok(());
+    };
+    match pod.workload(snap) {
+        Some(own) if own.uid == workload.uid => Ok(()),
+        Some(own) => Err(format!(
+            "workload {} is not pod {}'s own ({}); refused",
+            workload.uid, pod.entry.uid, own.uid
+        )),
+        None => Err(format!(
+            "pod {} ({}) is not in the mesh config (fail closed)",
+            pod.entry.uid, pod.entry.workload
+        )),
     }
 }
 

@@ -201,6 +201,35 @@ fn count(
     })
 }
 
+/// Counts the system calls of the threads `tids` while `f` runs (perf's
+/// events are switched on right before it and off right after): the
+/// total, the `named` types by name (the rest as [`OTHER`]) and io_uring
+/// submissions. For scenarios other than `rr` (e.g. new connections per
+/// request). `named` should not be empty: an empty set sets up every
+/// system-call tracepoint, which takes perf a long while. The count is an
+/// error (why) when perf is not usable; `f` runs either way.
+pub fn count_around<T>(
+    tids: &[u32],
+    named: &[&str],
+    f: impl FnOnce() -> T,
+) -> (T, Result<Counted, String>) {
+    let named: BTreeSet<String> = named.iter().map(|s| s.to_string()).collect();
+    let mut counter = PerfStat::start(tids, &named).map_err(|e| format!("not counted: {e:#}"));
+    if let Ok(c) = &mut counter {
+        if let Err(e) = c.command("enable") {
+            counter = Err(format!("not counted: perf enable: {e:#}"));
+        }
+    }
+    let out = f();
+    if let Ok(c) = &mut counter {
+        if let Err(e) = c.command("disable") {
+            counter = Err(format!("not counted: perf disable: {e:#}"));
+        }
+    }
+    let counted = counter.and_then(|c| c.finish().map_err(|e| format!("not counted: {e:#}")));
+    (out, counted)
+}
+
 /// What `perf stat` counted.
 #[derive(Debug, Default, PartialEq)]
 pub struct Counted {

@@ -1,0 +1,1473 @@
+//! `inpod-bench`: what ringway's in-pod mode costs, in one run (issue 13,
+//! "Benchmark"). Needs root.
+//!
+//! 1. **Pod enrolment.** One ringway `--inpod` (every CPU) in a namespace
+//!    of its own, enrolled through the in-test node agent
+//!    (`ringway_rig::zds`, a real SEQPACKET socket and SCM_RIGHTS). After
+//!    `snapshot_sent`, N fresh pod namespaces (`--pods`; lo up and a veth
+//!    with an IPv4 address, IPv6 off, unless `--no-pod-veth` or
+//!    `--pod-ipv6`) are added one at a time, as istio-cni does: the time
+//!    from sending `add` to the ack (ringway acks once every core accepts
+//!    on the pod's listeners), then `del` of each. VmRSS and open
+//!    descriptors of the process with 0 pods, with N pods and after
+//!    deleting them all, each 1 s after the last change: per pod =
+//!    (with N − with 0) / N. The first and last pod must answer on
+//!    15001/15006/15008 after their ack and refuse after their del.
+//! 2. **In-pod vs node-level capture**, side by side, each column on a pod
+//!    pair of its own (a veth pair, 10.253.<n>.1 → 10.253.<n>.2):
+//!
+//!    ```text
+//!    in-pod (n=1)      istio-cni's in-pod rules (scripts/inpod-rules.sh) in
+//!                      both pods; a ringway --inpod per node (each in a
+//!                      namespace of its own) enrolls its pod and listens
+//!                      inside it; its default --orig-src (on)
+//!    node-level (n=2)  ringway inside the client pod, egress captured to
+//!                      its :15001; ringway inside the server pod,
+//!                      --inbound-addr <server pod>:15008
+//!    in-pod, --orig-src=false (n=3; not with --no-orig-src-column)
+//!                      as in-pod, the application sees the server pod's
+//!                      own address as its peer, as under node-level
+//!    ```
+//!
+//!    One mesh config lists every workload (with its node), one CA
+//!    directory serves every ringway. The sink (`server::spawn`) listens on
+//!    the server pod's address inside the server pod; the load generator
+//!    runs inside the client pod. After a warm-up, each path must have
+//!    gone through both its ringways (each spent CPU, and the client pod
+//!    holds an HBONE connection to the server pod's 15008). Scenarios:
+//!    throughput (1 stream up), rr (1-byte request/response on one warm
+//!    connection), connect (a new connection per request, one at a time),
+//!    each with the CPU of that column's two ringways. `--rounds` rounds;
+//!    within a round each scenario runs on every column back to back, the
+//!    column that goes first rotating from round to round. Medians per
+//!    column, and each in-pod column ÷ node-level. Then (unless
+//!    `--no-syscalls`) one more connect and rr run per column with the
+//!    ringways' system calls counted by `perf` (total, `setns`, `socket`,
+//!    io_uring submissions) per connection and per request.
+//!
+//! Every ringway runs with RUST_LOG=warn (`--log-level`): no access log
+//! lines in any column. Namespaces, processes and the scratch directory go
+//! away on exit, on error and on SIGINT / SIGTERM / SIGHUP.
+//!
+//! Output: a Markdown table on stdout (and in `--out DIR/inpod.txt`), every
+//! number in `DIR/inpod.json`, the ringways' logs in `DIR/logs/`.
+//!
+//! Run: `sudo target/release/inpod-bench --out perf-results/inpod --rounds 3`
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use clap::Parser;
+use ringway_perf::dial::Dialer;
+use ringway_perf::procstat::{self, Processes};
+use ringway_perf::rig::{self, Netns, Proxy};
+use ringway_perf::rr::Limit;
+use ringway_perf::stats::{median, ratio};
+use ringway_perf::units::{fmt_size, parse_size};
+use ringway_perf::{connect, kernel, machine, report::fmt_num, rr, server, throughput};
+use ringway_rig::zds::{Agent, AgentConn};
+use serde_json::{json, Value};
+
+#[derive(Parser, Clone)]
+#[command(
+    name = "inpod-bench",
+    about = "ringway in-pod mode: pod add/del latency, memory and descriptors per pod, and in-pod vs node-level capture side by side"
+)]
+struct Args {
+    /// The ringway binary.
+    #[arg(long, default_value = "target/release/ringway")]
+    ringway: PathBuf,
+    /// Results directory (inpod.json, inpod.txt, logs/).
+    #[arg(long, default_value = "perf-results/inpod")]
+    out: PathBuf,
+    /// Pods to enrol for the add/del latency and per-pod memory.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Pods get lo only (no veth, no address).
+    #[arg(long)]
+    no_pod_veth: bool,
+    /// Pods get an IPv6 address too (dual stack: ringway then also
+    /// listens on [::] in each pod).
+    #[arg(long, conflicts_with = "no_pod_veth")]
+    pod_ipv6: bool,
+    /// Rounds of the side-by-side comparison.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Throughput: bytes sent per run (one stream, client → server).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    bytes: u64,
+    /// rr: requests per run (1 byte each way, one connection).
+    #[arg(long, default_value_t = 20_000)]
+    requests: u64,
+    /// connect: connections per run (one at a time).
+    #[arg(long, default_value_t = 2_000)]
+    connections: u64,
+    /// No third column (in-pod with --orig-src=false).
+    #[arg(long)]
+    no_orig_src_column: bool,
+    /// No system-call counts (they need `perf`).
+    #[arg(long)]
+    no_syscalls: bool,
+    /// RUST_LOG for every ringway.
+    #[arg(long, default_value = "warn")]
+    log_level: String,
+    /// Only the pod enrolment part.
+    #[arg(long, conflicts_with = "skip_pods")]
+    skip_compare: bool,
+    /// Only the side-by-side part.
+    #[arg(long)]
+    skip_pods: bool,
+}
+
+// ---------------------------------------------------------------------------
+// Cleanup on signals: what exists right now, so the signal thread can
+// remove it (drop guards cover normal exit, errors and panics).
+
+struct Registry {
+    netns: Vec<String>,
+    dirs: Vec<PathBuf>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    netns: Vec::new(),
+    dirs: Vec::new(),
+});
+
+/// The write end of the self-pipe the signal handler writes to.
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let b = sig as u8;
+    // SAFETY: write(2) is async-signal-safe; the descriptor stays open.
+    unsafe {
+        libc::write(
+            SIGNAL_PIPE.load(Ordering::Relaxed),
+            &b as *const u8 as *const libc::c_void,
+            1,
+        );
+    }
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: kills every process this one started
+/// (ringways, perf), deletes the registered namespaces and directories,
+/// and exits. A handler, not a blocked mask: children inherit a signal
+/// mask (perf and ringway would then ignore their own SIGINT / SIGTERM),
+/// while handlers are reset at exec.
+fn cleanup_on_signals() {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two descriptors; sigaction installs a handler
+    // that only calls write(2).
+    unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return;
+        }
+        SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaction(s, &sa, std::ptr::null_mut());
+        }
+    }
+    let read_end = fds[0];
+    std::thread::spawn(move || {
+        let mut b = 0u8;
+        // SAFETY: reads one byte into a local from our pipe.
+        let n = unsafe { libc::read(read_end, &mut b as *mut u8 as *mut libc::c_void, 1) };
+        if n != 1 {
+            return;
+        }
+        eprintln!("inpod-bench: signal {b}: cleaning up");
+        let me = std::process::id();
+        for pid in procstat::with_descendants(&[me]) {
+            if pid != me {
+                // SAFETY: kill(2) of a process we started.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        }
+        let r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        for ns in &r.netns {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+        for d in &r.dirs {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        std::process::exit(128 + b as i32);
+    });
+}
+
+fn netns(prefix: &str) -> anyhow::Result<Netns> {
+    let ns = Netns::new(prefix)?;
+    REGISTRY.lock().unwrap().netns.push(ns.name.clone());
+    Ok(ns)
+}
+
+fn start_proxy(
+    ns: &Netns,
+    bin: &Path,
+    name: &str,
+    args: &[String],
+    logs: &Path,
+    level: &str,
+) -> anyhow::Result<Proxy> {
+    Proxy::start(ns, bin, name, args, logs, level)
+}
+
+/// The scratch directory (config, CA, ZDS sockets), removed on drop.
+struct Work(PathBuf);
+
+impl Work {
+    fn new() -> anyhow::Result<Work> {
+        let p = std::env::temp_dir().join(format!("inpod-bench-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)?;
+        REGISTRY.lock().unwrap().dirs.push(p.clone());
+        Ok(Work(p))
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+static T0: Mutex<Option<Instant>> = Mutex::new(None);
+
+fn progress(msg: &str) {
+    let t = T0
+        .lock()
+        .unwrap()
+        .get_or_insert_with(Instant::now)
+        .elapsed();
+    eprintln!("[inpod-bench {:6.1}s] {msg}", t.as_secs_f64());
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// VmRSS (KiB) and open descriptors of `pid`.
+fn sample(pid: u32) -> anyhow::Result<(u64, usize)> {
+    let rss = procstat::rss_bytes(pid)? / 1024;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+    Ok((rss, fds))
+}
+
+/// Nearest-rank percentile of sorted milliseconds.
+fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn summary_ms(v: Vec<f64>) -> Value {
+    // In request order, to the microsecond.
+    let samples: Vec<f64> = v.iter().map(|x| (x * 1e3).round() / 1e3).collect();
+    let mut v = v;
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    json!({
+        "samples_ms": samples,
+        "count": v.len(),
+        "p50_ms": pct(&v, 0.5),
+        "p90_ms": pct(&v, 0.9),
+        "p99_ms": pct(&v, 0.99),
+        "max_ms": v.last().copied().unwrap_or(f64::NAN),
+        "mean_ms": mean,
+    })
+}
+
+/// Lines of `log` that contain `needle`.
+fn log_lines_with(log: &Path, needle: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+/// The `cores` ringway wrote into its --bound-addrs-file.
+fn cores_of(logs: &Path, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(logs.join(format!("{name}.bound.json"))).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["cores"].as_u64()
+}
+
+fn inpod_args(uds: &Path, config: &Path, ca: &Path, node: &str, side: &[String]) -> Vec<String> {
+    let mut v = strings(&[
+        "--inpod",
+        "--inpod-uds",
+        uds.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+        "--ca-dir",
+        ca.to_str().unwrap(),
+        "--node-name",
+        node,
+        "--log-format",
+        "json",
+    ]);
+    v.extend(side.iter().cloned());
+    v
+}
+
+fn add_ok(conn: &AgentConn, uid: &str, ns: &str, k8s_ns: &str, name: &str) -> anyhow::Result<()> {
+    let sa = format!("sa-{name}");
+    let r = conn.add(uid, ns, k8s_ns, name, &sa);
+    ensure!(r.is_empty(), "add {uid} ({ns}) was refused: {r}");
+    Ok(())
+}
+
+/// The ports ringway listens on inside an enrolled pod.
+const POD_PORTS: [u16; 3] = [15001, 15006, 15008];
+
+/// Does something listen on `addr` inside `ns`? Anything but "connection
+/// refused" says so (ringway may reset a plaintext connection to its HBONE
+/// port at once, even before connect() returns).
+fn listens(ns: &str, addr: SocketAddr) -> anyhow::Result<bool> {
+    rig::in_netns(ns, move || {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
+        }
+    })
+}
+
+/// What the enrolled pods have, for the report.
+fn pod_shape(a: &Args) -> &'static str {
+    match (a.no_pod_veth, a.pod_ipv6) {
+        (true, _) => "lo only",
+        (false, false) => "lo + a veth with an IPv4 address, IPv6 off",
+        (false, true) => "lo + a veth with an IPv4 and an IPv6 address",
+    }
+}
+
+/// `ss -ltn` inside `ns` (for error messages).
+fn listening(ns: &str) -> String {
+    std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-ltn"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Part 1: pod enrolment.
+
+fn pod_enrolment(
+    a: &Args,
+    bin: &Path,
+    work: &Path,
+    logs: &Path,
+    side: &[String],
+) -> anyhow::Result<Value> {
+    let node = netns("rwib-n0")?;
+    let hub = match a.no_pod_veth {
+        true => None,
+        false => Some(netns("rwib-hub")?),
+    };
+    progress(&format!(
+        "creating {} pod namespaces ({})",
+        a.pods,
+        pod_shape(a)
+    ));
+    let mut pods = Vec::with_capacity(a.pods);
+    for i in 0..a.pods {
+        let p = netns("rwib-p")?;
+        if let Some(h) = &hub {
+            let ip = format!("10.254.{}.{}/16", i / 250, i % 250 + 1);
+            if a.pod_ipv6 {
+                let (pod_if, _) = rig::veth(&p, &[&ip], h, &[])?;
+                let ip6 = format!("fd00:254::{:x}/64", i + 1);
+                p.ip(&["-6", "addr", "add", &ip6, "dev", &pod_if, "nodad"])?;
+            } else {
+                // IPv4 only. Otherwise the veth's link-local IPv6 address,
+                // once its DAD is done, makes ringway bind [::] too: how
+                // many listeners a pod gets would depend on timing.
+                for k in ["all", "default"] {
+                    p.sysctl(&format!("net.ipv6.conf.{k}.disable_ipv6"), "1")?;
+                }
+                rig::veth(&p, &[&ip], h, &[])?;
+            }
+        }
+        pods.push(p);
+    }
+    let config = work.join("pods.yaml");
+    std::fs::write(&config, "workloads: []\nservices: []\npolicies: []\n")?;
+    let agent = Agent::listen(&work.join("zds-pods.sock"));
+    let args = inpod_args(&agent.path, &config, &work.join("ca"), "bench-node", side);
+    let name = "ringway-pods";
+    let mut rw = start_proxy(&node, bin, name, &args, logs, &a.log_level)?;
+    let pid = rw.pid();
+    let cores = cores_of(logs, name);
+    let conn = agent.accept(Duration::from_secs(20));
+    ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
+    progress(&format!(
+        "ringway --inpod pid {pid} ({} cores), agent connected; settling 1 s",
+        cores.map_or("?".into(), |c| c.to_string())
+    ));
+    std::thread::sleep(Duration::from_secs(1));
+    let zero = sample(pid)?;
+
+    let mut add_ms = Vec::with_capacity(a.pods);
+    for (i, p) in pods.iter().enumerate() {
+        let uid = format!("bench-pod-{i}");
+        let name = format!("pod-{i}");
+        let t = Instant::now();
+        add_ok(&conn, &uid, &p.name, "bench", &name)?;
+        add_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    progress(&format!("{} pods added; settling 1 s", a.pods));
+    std::thread::sleep(Duration::from_secs(1));
+    let full = sample(pid)?;
+    rw.check_alive()?;
+    // The ack meant every core listens: the first and last pod answer.
+    for p in [pods.first(), pods.last()].into_iter().flatten() {
+        for port in POD_PORTS {
+            ensure!(
+                listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?,
+                "pod namespace {} has no {port} listener after its ack; its listening sockets:\n{}",
+                p.name,
+                listening(&p.name)
+            );
+        }
+    }
+
+    let mut del_ms = Vec::with_capacity(a.pods);
+    for i in 0..a.pods {
+        let uid = format!("bench-pod-{i}");
+        let t = Instant::now();
+        let r = conn.del(&uid);
+        del_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        ensure!(r.is_empty(), "del {uid} was refused: {r}");
+    }
+    progress(&format!("{} pods deleted; settling 1 s", a.pods));
+    std::thread::sleep(Duration::from_secs(1));
+    let after = sample(pid)?;
+    rw.check_alive()?;
+    for p in [pods.first(), pods.last()].into_iter().flatten() {
+        for port in POD_PORTS {
+            ensure!(
+                !listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?,
+                "pod namespace {} still has a {port} listener after its del",
+                p.name
+            );
+        }
+    }
+    let late = log_lines_with(&rw.log, "not every core");
+    let n = a.pods as f64;
+    let per_pod_rss = (full.0 as f64 - zero.0 as f64) / n;
+    let per_pod_fds = (full.1 as f64 - zero.1 as f64) / n;
+    let out = json!({
+        "pods": a.pods,
+        "pod_shape": pod_shape(a),
+        "cores": cores,
+        "add": summary_ms(add_ms),
+        "del": summary_ms(del_ms),
+        "rss_kib": { "zero_pods": zero.0, "with_pods": full.0, "after_del": after.0 },
+        "fds": { "zero_pods": zero.1, "with_pods": full.1, "after_del": after.1 },
+        "per_pod": { "rss_kib": per_pod_rss, "fds": per_pod_fds },
+        "returned_after_del": {
+            "rss_kib_above_zero": after.0 as i64 - zero.0 as i64,
+            "fds_above_zero": after.1 as i64 - zero.1 as i64,
+        },
+        "late_core_warnings": late,
+    });
+    drop(conn);
+    drop(rw);
+    drop(agent);
+    drop(pods);
+    drop(hub);
+    drop(node);
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------
+// Part 2: in-pod vs node-level capture.
+
+const SINK_PORT: u16 = 5201;
+const WHOAMI_PORT: u16 = 5202;
+
+/// (name, k8s namespace, ip, node)
+fn mesh(pods: &[(String, String, Ipv4Addr, String)]) -> String {
+    let mut y = String::from("# Generated by inpod-bench.\nworkloads:\n");
+    for (name, ns, ip, node) in pods {
+        y += &format!(
+            "- uid: Kubernetes//Pod/{ns}/{name}\n  name: {name}\n  namespace: {ns}\n  \
+             serviceAccount: sa-{name}\n  trustDomain: cluster.local\n  \
+             workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: {node}\n  services: {{}}\n"
+        );
+    }
+    y + "services: []\npolicies: []\n"
+}
+
+/// Pod settings for connection-rate runs (as the suite's nodes).
+fn tune(ns: &Netns) -> anyhow::Result<()> {
+    ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
+    ns.sysctl("net.ipv4.ip_local_port_range", "16384 65535")
+}
+
+fn inpod_rules(ns: &Netns) -> anyhow::Result<()> {
+    rig::check(
+        std::process::Command::new("bash")
+            .arg(ringway_rig::script("inpod-rules.sh"))
+            .arg(&ns.name),
+    )
+}
+
+/// A listener that writes the peer's address and closes: shows who made
+/// the connection that reached the server pod.
+fn whoami(addr: SocketAddr) -> anyhow::Result<()> {
+    let l = TcpListener::bind(addr).with_context(|| format!("bind {addr}"))?;
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let peer = s
+                .peer_addr()
+                .map(|p| p.ip().to_string())
+                .unwrap_or_default();
+            let _ = s.write_all(format!("{peer}\n").as_bytes());
+        }
+    });
+    Ok(())
+}
+
+fn ask_whoami(client_ns: &str, to: SocketAddr) -> anyhow::Result<String> {
+    rig::in_netns(client_ns, move || -> anyhow::Result<String> {
+        let s = TcpStream::connect_timeout(&to, Duration::from_secs(10))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        Ok(line.trim().to_string())
+    })?
+}
+
+/// Established TCP connections inside `ns` to `dst` (`ss`).
+fn established_to(ns: &str, dst: SocketAddr) -> usize {
+    std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+            "dst",
+        ])
+        .arg(dst.to_string())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `--inpod`, with `--orig-src=<v>` when Some.
+    InPod(Option<bool>),
+    /// ringway inside each pod, the client's egress captured.
+    NodeLevel,
+}
+
+/// One way from a client pod to a server pod: a column.
+struct Spec {
+    key: &'static str,
+    label: &'static str,
+    kind: Kind,
+    /// Third octet of the pair's subnet, 10.253.<net>.0/24.
+    net: u8,
+    /// Kubernetes namespace of the pair's workloads.
+    k8s_ns: &'static str,
+    /// The node names of the client's and the server's ringway.
+    nodes: [&'static str; 2],
+}
+
+impl Spec {
+    fn client(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 253, self.net, 1)
+    }
+    fn server(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 253, self.net, 2)
+    }
+    fn names(&self) -> [String; 2] {
+        [
+            format!("{}-client", self.key),
+            format!("{}-server", self.key),
+        ]
+    }
+}
+
+const BASELINE: &str = "node";
+
+fn specs(with_no_orig_src: bool) -> Vec<Spec> {
+    let mut v = vec![
+        Spec {
+            key: "inpod",
+            label: "in-pod",
+            kind: Kind::InPod(None),
+            net: 1,
+            k8s_ns: "inpod",
+            nodes: ["node1", "node2"],
+        },
+        Spec {
+            key: BASELINE,
+            label: "node-level",
+            kind: Kind::NodeLevel,
+            net: 2,
+            k8s_ns: "nodelevel",
+            nodes: ["node3", "node4"],
+        },
+    ];
+    if with_no_orig_src {
+        v.push(Spec {
+            key: "inpod-no-orig-src",
+            label: "in-pod, --orig-src=false",
+            kind: Kind::InPod(Some(false)),
+            net: 3,
+            k8s_ns: "inpod-plain",
+            nodes: ["node5", "node6"],
+        });
+    }
+    v
+}
+
+/// A running pod pair and its two ringways. Field order is drop order:
+/// processes, agents, then namespaces.
+struct Pair {
+    proxies: Vec<Proxy>,
+    _conns: Vec<AgentConn>,
+    _agents: Vec<Agent>,
+    /// The in-pod ringways' own namespaces (their "nodes").
+    _nodes: Vec<Netns>,
+    client: Netns,
+    _server: Netns,
+}
+
+impl Pair {
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        spec: &Spec,
+        a: &Args,
+        bin: &Path,
+        work: &Path,
+        logs: &Path,
+        side: &[String],
+        config: &Path,
+        ca: &Path,
+    ) -> anyhow::Result<Pair> {
+        let tag = spec.net;
+        let client = netns(&format!("rwib-c{tag}"))?;
+        let server = netns(&format!("rwib-s{tag}"))?;
+        let (c_if, _) = rig::veth(
+            &client,
+            &[&format!("{}/24", spec.client())],
+            &server,
+            &[&format!("{}/24", spec.server())],
+        )?;
+        for p in [&client, &server] {
+            tune(p)?;
+        }
+        let sink = SocketAddr::from((spec.server(), SINK_PORT));
+        server.enter(move || server::spawn(&[sink]))??;
+        let who = SocketAddr::from((spec.server(), WHOAMI_PORT));
+        server.enter(move || whoami(who))??;
+        let [client_name, server_name] = spec.names();
+        let mut pair = Pair {
+            proxies: Vec::new(),
+            _conns: Vec::new(),
+            _agents: Vec::new(),
+            _nodes: Vec::new(),
+            client,
+            _server: server,
+        };
+        match spec.kind {
+            Kind::InPod(orig_src) => {
+                // istio-cni's rules in both pods; a ringway per node, each
+                // in a namespace of its own, enrolling its pod.
+                inpod_rules(&pair.client)?;
+                inpod_rules(&pair._server)?;
+                let pods = [
+                    (&pair.client.name, &client_name),
+                    (&pair._server.name, &server_name),
+                ];
+                for (i, (pod_ns, name)) in pods.into_iter().enumerate() {
+                    let node = netns(&format!("rwib-n{tag}{i}"))?;
+                    let agent = Agent::listen(&work.join(format!("zds-{}-{i}.sock", spec.key)));
+                    let mut args = inpod_args(&agent.path, config, ca, spec.nodes[i], side);
+                    if let Some(v) = orig_src {
+                        args.push(format!("--orig-src={v}"));
+                    }
+                    let p = start_proxy(
+                        &node,
+                        bin,
+                        &format!("ringway-{}-{}", spec.key, spec.nodes[i]),
+                        &args,
+                        logs,
+                        &a.log_level,
+                    )?;
+                    let conn = agent.accept(Duration::from_secs(20));
+                    ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
+                    add_ok(&conn, &format!("uid-{name}"), pod_ns, spec.k8s_ns, name)?;
+                    pair.proxies.push(p);
+                    pair._conns.push(conn);
+                    pair._agents.push(agent);
+                    pair._nodes.push(node);
+                }
+            }
+            Kind::NodeLevel => {
+                // The client pod's egress on its veth to its ringway's
+                // 15001, except ringway's own sockets and HBONE (as the
+                // tests' two-node rig).
+                pair.client.nft(&format!(
+                    "table inet rwib {{\n chain out {{ type nat hook output priority -100; policy accept;\n  \
+                     oifname \"{c_if}\" meta l4proto tcp meta mark & 0xfff != 0x539 tcp dport != 15008 redirect to :15001\n }}\n}}\n"
+                ))?;
+                for (i, (ns, ip)) in [
+                    (&pair.client, spec.client()),
+                    (&pair._server, spec.server()),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let mut args = strings(&[
+                        "--config",
+                        config.to_str().unwrap(),
+                        "--ca-dir",
+                        ca.to_str().unwrap(),
+                        "--node-name",
+                        spec.nodes[i],
+                        "--log-format",
+                        "json",
+                        "--inbound-addr",
+                        &format!("{ip}:15008"),
+                    ]);
+                    args.extend(side.iter().cloned());
+                    let name = format!("ringway-{}-{}", spec.key, spec.nodes[i]);
+                    pair.proxies
+                        .push(start_proxy(ns, bin, &name, &args, logs, &a.log_level)?);
+                }
+            }
+        }
+        progress(&format!(
+            "{}: pods {} → {}, ringway pids {:?}",
+            spec.label,
+            spec.client(),
+            spec.server(),
+            pair.proxies.iter().map(|p| p.pid()).collect::<Vec<_>>()
+        ));
+        Ok(pair)
+    }
+
+    fn procs(&self) -> Processes {
+        Processes::new(self.proxies.iter().map(|p| p.pid()).collect())
+    }
+
+    fn check_alive(&mut self) -> anyhow::Result<()> {
+        for p in &mut self.proxies {
+            p.check_alive()?;
+        }
+        Ok(())
+    }
+}
+
+/// What a scenario needs of a column.
+struct Mode {
+    key: &'static str,
+    label: &'static str,
+    client_ns: String,
+    server_ip: Ipv4Addr,
+    procs: Processes,
+}
+
+impl Mode {
+    fn dialer(&self) -> Dialer {
+        Dialer::direct(SocketAddr::from((self.server_ip, SINK_PORT)))
+    }
+
+    /// Runs `f` with the dialer on a thread inside the client pod.
+    fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Dialer, &Processes) -> std::io::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let (d, p) = (self.dialer(), self.procs.clone());
+        Ok(rig::in_netns(&self.client_ns, move || f(&d, &p))??)
+    }
+}
+
+/// The metrics of the comparison: (id, label, scenario, higher is better,
+/// digits).
+const METRICS: [(&str, &str, &str, bool, usize); 10] = [
+    ("gbit_s", "Gbit/s", "throughput", true, 2),
+    ("cpu_s_per_gib", "CPU s / GiB", "throughput", false, 3),
+    ("rr_p50_us", "p50 µs", "rr", false, 1),
+    ("rr_p99_us", "p99 µs", "rr", false, 1),
+    ("requests_per_s", "requests/s", "rr", true, 0),
+    ("cpu_ms_per_1k_req", "CPU ms / 1k requests", "rr", false, 1),
+    ("connections_per_s", "connections/s", "connect", true, 0),
+    (
+        "connect_p50_us",
+        "connect→first byte p50 µs",
+        "connect",
+        false,
+        1,
+    ),
+    (
+        "connect_p99_us",
+        "connect→first byte p99 µs",
+        "connect",
+        false,
+        1,
+    ),
+    (
+        "cpu_ms_per_1k_conn",
+        "CPU ms / 1k connections",
+        "connect",
+        false,
+        1,
+    ),
+];
+
+/// Samples per column and metric.
+struct Samples {
+    v: Vec<Vec<Vec<f64>>>,
+}
+
+impl Samples {
+    fn new(modes: usize) -> Samples {
+        Samples {
+            v: vec![vec![Vec::new(); METRICS.len()]; modes],
+        }
+    }
+
+    fn push(&mut self, mode: usize, id: &str, x: Option<f64>) {
+        let i = METRICS.iter().position(|m| m.0 == id).unwrap();
+        if let Some(x) = x {
+            self.v[mode][i].push(x);
+        }
+    }
+
+    fn median(&self, mode: usize, i: usize) -> Option<f64> {
+        median(&self.v[mode][i])
+    }
+}
+
+fn side_by_side(
+    a: &Args,
+    bin: &Path,
+    work: &Path,
+    logs: &Path,
+    side: &[String],
+) -> anyhow::Result<Value> {
+    let specs = specs(!a.no_orig_src_column);
+    let config = work.join("mesh.yaml");
+    let mut workloads = Vec::new();
+    for s in &specs {
+        let [c, sv] = s.names();
+        workloads.push((c, s.k8s_ns.to_string(), s.client(), s.nodes[0].to_string()));
+        workloads.push((sv, s.k8s_ns.to_string(), s.server(), s.nodes[1].to_string()));
+    }
+    std::fs::write(&config, mesh(&workloads))?;
+    let ca = work.join("ca");
+    let mut pairs = Vec::new();
+    for s in &specs {
+        pairs.push(Pair::start(s, a, bin, work, logs, side, &config, &ca)?);
+    }
+    let modes: Vec<Mode> = specs
+        .iter()
+        .zip(&pairs)
+        .map(|(s, p)| Mode {
+            key: s.key,
+            label: s.label,
+            client_ns: p.client.name.clone(),
+            server_ip: s.server(),
+            procs: p.procs(),
+        })
+        .collect();
+    let base = modes.iter().position(|m| m.key == BASELINE).unwrap();
+    let check_alive = |pairs: &mut Vec<Pair>| -> anyhow::Result<()> {
+        for p in pairs.iter_mut() {
+            p.check_alive()?;
+        }
+        Ok(())
+    };
+
+    // Warm-up (certificates, HBONE pools), then proof that each path goes
+    // through its ringways: both spent CPU on it, and the client pod holds
+    // an HBONE connection to the server pod's 15008. What the server
+    // pod's application saw as the peer is recorded (the client's address
+    // with --orig-src, else the server pod's own).
+    let mut paths = serde_json::Map::new();
+    for (m, spec) in modes.iter().zip(&specs) {
+        let before: Vec<f64> = m
+            .procs
+            .roots
+            .iter()
+            .map(|&p| procstat::cpu_seconds(p).unwrap_or(0.0))
+            .collect();
+        let who = ask_whoami(&m.client_ns, SocketAddr::from((m.server_ip, WHOAMI_PORT)))
+            .with_context(|| format!("{}: first connection", m.label))?;
+        m.run(|d, _| {
+            for _ in 0..200 {
+                connect::one(d)?;
+            }
+            Ok(())
+        })?;
+        m.run(|d, p| {
+            throughput::run(
+                d,
+                throughput::Params {
+                    streams: 1,
+                    bytes_per_stream: 64 << 20,
+                    direction: throughput::Direction::Up,
+                },
+                p,
+            )
+        })?;
+        m.run(|d, p| {
+            rr::run(
+                d,
+                rr::Params {
+                    size: 1,
+                    connections: 1,
+                    limit: Limit::Count(2000),
+                },
+                p,
+            )
+        })?;
+        let spent: Vec<f64> = m
+            .procs
+            .roots
+            .iter()
+            .zip(&before)
+            .map(|(&p, b)| procstat::cpu_seconds(p).unwrap_or(0.0) - b)
+            .collect();
+        ensure!(
+            spent.iter().all(|&c| c > 0.0),
+            "{}: a ringway spent no CPU on the warm-up (CPU s {spent:?}): the traffic did not go through both",
+            m.label
+        );
+        let hbone = established_to(&m.client_ns, SocketAddr::from((m.server_ip, 15008)));
+        ensure!(
+            hbone > 0,
+            "{}: no HBONE connection from the client pod to {}:15008 after the warm-up",
+            m.label,
+            m.server_ip
+        );
+        let peer = if who == spec.client().to_string() {
+            "the client pod's address"
+        } else if who == spec.server().to_string() {
+            "the server pod's own address"
+        } else {
+            "another address"
+        };
+        progress(&format!(
+            "{}: warmed up; ringways' CPU s {spent:.2?}, {hbone} HBONE connection(s) to {}:15008, the server application saw {who} ({peer})",
+            m.label, m.server_ip
+        ));
+        paths.insert(
+            m.key.into(),
+            json!({
+                "server_app_saw_peer": who,
+                "hbone_connections_from_client_pod": hbone,
+                "warmup_cpu_s": spent,
+            }),
+        );
+    }
+    check_alive(&mut pairs)?;
+
+    let mut samples = Samples::new(modes.len());
+    let mut rounds = Vec::new();
+    let n = modes.len();
+    for round in 0..a.rounds {
+        // Each column goes first in turn.
+        let order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
+        progress(&format!(
+            "round {}/{}: {} first",
+            round + 1,
+            a.rounds,
+            modes[order[0]].label
+        ));
+        let mut this = json!({
+            "round": round + 1,
+            "order": order.iter().map(|&i| modes[i].key).collect::<Vec<_>>(),
+        });
+        for &i in &order {
+            let m = &modes[i];
+            let bytes = a.bytes;
+            let r = m.run(move |d, p| {
+                throughput::run(
+                    d,
+                    throughput::Params {
+                        streams: 1,
+                        bytes_per_stream: bytes,
+                        direction: throughput::Direction::Up,
+                    },
+                    p,
+                )
+            })?;
+            progress(&format!(
+                "  {:26} throughput {} up: {:.2} Gbit/s, {} CPU s/GiB",
+                m.label,
+                fmt_size(bytes),
+                r.gbit_per_s,
+                fmt_num(r.proxy_cpu_s_per_gib, 3)
+            ));
+            samples.push(i, "gbit_s", Some(r.gbit_per_s));
+            samples.push(i, "cpu_s_per_gib", r.proxy_cpu_s_per_gib);
+            this[m.key]["throughput"] = serde_json::to_value(&r)?;
+        }
+        check_alive(&mut pairs)?;
+        for &i in &order {
+            let m = &modes[i];
+            let count = a.requests;
+            let r = m.run(move |d, p| {
+                rr::run(
+                    d,
+                    rr::Params {
+                        size: 1,
+                        connections: 1,
+                        limit: Limit::Count(count),
+                    },
+                    p,
+                )
+            })?;
+            let cpu_ms = r.proxy_cpu_s_per_1k_requests.map(|s| s * 1e3);
+            progress(&format!(
+                "  {:26} rr {count} × 1 B: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, {} CPU ms/1k",
+                m.label,
+                r.requests_per_s,
+                r.latency.p50_us,
+                r.latency.p99_us,
+                fmt_num(cpu_ms, 1)
+            ));
+            samples.push(i, "rr_p50_us", Some(r.latency.p50_us));
+            samples.push(i, "rr_p99_us", Some(r.latency.p99_us));
+            samples.push(i, "requests_per_s", Some(r.requests_per_s));
+            samples.push(i, "cpu_ms_per_1k_req", cpu_ms);
+            this[m.key]["rr"] = serde_json::to_value(&r)?;
+        }
+        check_alive(&mut pairs)?;
+        for &i in &order {
+            let m = &modes[i];
+            let count = a.connections;
+            let r = m.run(move |d, p| {
+                connect::run(
+                    d,
+                    connect::Params {
+                        concurrency: 1,
+                        limit: Limit::Count(count),
+                    },
+                    p,
+                )
+            })?;
+            ensure!(
+                r.errors == 0,
+                "{}: {} of {count} connections failed: {}",
+                m.label,
+                r.errors,
+                r.first_error.as_deref().unwrap_or("?")
+            );
+            let cpu_ms = r.proxy_cpu_s_per_1k_connections.map(|s| s * 1e3);
+            progress(&format!(
+                "  {:26} connect {count}: {:.0} conn/s, p50 {:.1} µs, p99 {:.1} µs, {} CPU ms/1k",
+                m.label,
+                r.connections_per_s,
+                r.connect_to_first_byte.p50_us,
+                r.connect_to_first_byte.p99_us,
+                fmt_num(cpu_ms, 1)
+            ));
+            samples.push(i, "connections_per_s", Some(r.connections_per_s));
+            samples.push(i, "connect_p50_us", Some(r.connect_to_first_byte.p50_us));
+            samples.push(i, "connect_p99_us", Some(r.connect_to_first_byte.p99_us));
+            samples.push(i, "cpu_ms_per_1k_conn", cpu_ms);
+            this[m.key]["connect"] = serde_json::to_value(&r)?;
+        }
+        check_alive(&mut pairs)?;
+        rounds.push(this);
+    }
+
+    // System calls, outside the timed rounds (perf's own setup is not free).
+    let mut syscalls = Value::Null;
+    if !a.no_syscalls {
+        let mut per_mode = serde_json::Map::new();
+        for m in &modes {
+            let tids = m.procs.threads();
+            let named = ["setns", "io_uring_enter", "socket", "connect", "close"];
+            let count = a.connections.min(1000);
+            let (r, counted) = kernel::count_around(&tids, &named, || {
+                m.run(move |d, p| {
+                    connect::run(
+                        d,
+                        connect::Params {
+                            concurrency: 1,
+                            limit: Limit::Count(count),
+                        },
+                        p,
+                    )
+                })
+            });
+            let r = r?;
+            let conn = per_unit(&counted, r.connections);
+            let count = a.requests.min(5000);
+            let (r2, counted2) = kernel::count_around(&tids, &named, || {
+                m.run(move |d, p| {
+                    rr::run(
+                        d,
+                        rr::Params {
+                            size: 1,
+                            connections: 1,
+                            limit: Limit::Count(count),
+                        },
+                        p,
+                    )
+                })
+            });
+            let r2 = r2?;
+            let req = per_unit(&counted2, r2.requests);
+            progress(&format!(
+                "  {:26} system calls: {} per connection ({} setns), {} per request",
+                m.label,
+                fmt_num(conn["syscalls"].as_f64(), 1),
+                fmt_num(conn["by_type"]["setns"].as_f64().or(Some(0.0)), 2),
+                fmt_num(req["syscalls"].as_f64(), 2),
+            ));
+            per_mode.insert(
+                m.key.into(),
+                json!({
+                    "connect": conn, "connections": r.connections,
+                    "rr": req, "requests": r2.requests,
+                }),
+            );
+        }
+        syscalls = Value::Object(per_mode);
+    }
+    check_alive(&mut pairs)?;
+    let mut warnings = serde_json::Map::new();
+    for p in pairs.iter().flat_map(|p| &p.proxies) {
+        let n = log_lines_with(&p.log, "\"level\":\"WARN\"")
+            + log_lines_with(&p.log, "\"level\":\"ERROR\"");
+        warnings.insert(p.name.clone(), json!(n));
+    }
+
+    let mut medians = serde_json::Map::new();
+    let mut raw = serde_json::Map::new();
+    let mut ratios = serde_json::Map::new();
+    for (mi, m) in modes.iter().enumerate() {
+        let mut med = serde_json::Map::new();
+        let mut smp = serde_json::Map::new();
+        let mut rat = serde_json::Map::new();
+        for (i, def) in METRICS.iter().enumerate() {
+            med.insert(def.0.into(), json!(samples.median(mi, i)));
+            smp.insert(def.0.into(), json!(samples.v[mi][i]));
+            rat.insert(
+                def.0.into(),
+                json!(ratio(samples.median(mi, i), samples.median(base, i))),
+            );
+        }
+        medians.insert(m.key.into(), Value::Object(med));
+        raw.insert(m.key.into(), Value::Object(smp));
+        if mi != base {
+            ratios.insert(m.key.into(), Value::Object(rat));
+        }
+    }
+    let columns: Vec<Value> = specs
+        .iter()
+        .zip(&modes)
+        .map(|(s, m)| {
+            json!({
+                "key": s.key,
+                "label": s.label,
+                "client": s.client().to_string(),
+                "server": s.server().to_string(),
+                "nodes": s.nodes,
+                "ringway_pids": m.procs.roots,
+                "ringway_cores": pairs_cores(logs, s),
+                "orig_src": match s.kind { Kind::InPod(v) => json!(v.unwrap_or(true)), Kind::NodeLevel => json!(false) },
+                "path": paths[s.key],
+            })
+        })
+        .collect();
+    let out = json!({
+        "baseline": BASELINE,
+        "columns": columns,
+        "metrics": METRICS.iter().map(|m| json!({"id": m.0, "label": m.1, "scenario": m.2, "higher_is_better": m.3})).collect::<Vec<_>>(),
+        "samples": raw,
+        "medians": medians,
+        "ratios_over_node": ratios,
+        "rounds": rounds,
+        "syscalls": syscalls,
+        "ringway_warn_or_error_lines": warnings,
+    });
+    drop(pairs);
+    Ok(out)
+}
+
+fn pairs_cores(logs: &Path, s: &Spec) -> Vec<Option<u64>> {
+    s.nodes
+        .iter()
+        .map(|n| cores_of(logs, &format!("ringway-{}-{n}", s.key)))
+        .collect()
+}
+
+/// Counted system calls per connection / request.
+fn per_unit(c: &Result<kernel::Counted, String>, n: u64) -> Value {
+    let n = n.max(1) as f64;
+    match c {
+        Ok(c) => json!({
+            "syscalls": c.total as f64 / n,
+            "io_uring_submissions": c.io_uring.map(|x| x as f64 / n),
+            "by_type": c.syscalls.iter().map(|(k, &v)| (k.clone(), json!(v as f64 / n))).collect::<serde_json::Map<_, _>>(),
+            "method": c.method,
+        }),
+        Err(e) => json!({ "error": e }),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Report.
+
+fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
+    let mut s = String::new();
+    let rw = m.ringway.as_ref();
+    s += &format!(
+        "# ringway in-pod benchmark\n\nringway {} (commit {}{}), {} CPUs ({}), kernel {}, {}\n\n",
+        rw.map_or("?", |r| r.version.as_str()),
+        rw.and_then(|r| r.commit.as_deref())
+            .map_or("?", |c| &c[..c.len().min(10)]),
+        match rw.and_then(|r| r.dirty) {
+            Some(true) => ", with uncommitted changes",
+            _ => "",
+        },
+        m.nproc,
+        m.cpu_model,
+        m.kernel,
+        m.started_utc
+    );
+    let f = |v: &Value, d: usize| fmt_num(v.as_f64(), d);
+    if !pods.is_null() {
+        s += &format!(
+            "## Pod enrolment: {} pods ({}), ringway --inpod on {} cores\n\n",
+            pods["pods"],
+            pods["pod_shape"].as_str().unwrap_or("?"),
+            pods["cores"]
+        );
+        s += "| agent request → ack | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|\n";
+        for k in ["add", "del"] {
+            let v = &pods[k];
+            s += &format!(
+                "| `{k}` | {} | {} | {} | {} |\n",
+                f(&v["p50_ms"], 2),
+                f(&v["p90_ms"], 2),
+                f(&v["p99_ms"], 2),
+                f(&v["max_ms"], 2)
+            );
+        }
+        s += &format!(
+            "\n| process | 0 pods | {} pods | after deleting all | per pod |\n|---|---:|---:|---:|---:|\n",
+            pods["pods"]
+        );
+        s += &format!(
+            "| RSS KiB | {} | {} | {} | {} |\n",
+            pods["rss_kib"]["zero_pods"],
+            pods["rss_kib"]["with_pods"],
+            pods["rss_kib"]["after_del"],
+            f(&pods["per_pod"]["rss_kib"], 1)
+        );
+        s += &format!(
+            "| open fds | {} | {} | {} | {} |\n",
+            pods["fds"]["zero_pods"],
+            pods["fds"]["with_pods"],
+            pods["fds"]["after_del"],
+            f(&pods["per_pod"]["fds"], 2)
+        );
+        if pods["late_core_warnings"].as_u64().unwrap_or(0) > 0 {
+            s += &format!(
+                "\nringway logged {} \"not every core …\" warnings\n",
+                pods["late_core_warnings"]
+            );
+        }
+        s += "\n";
+    }
+    if !cmp.is_null() {
+        // The baseline (node-level) first, then each in-pod column and its
+        // ratio to it.
+        let mut cols = cmp["columns"].as_array().cloned().unwrap_or_default();
+        cols.sort_by_key(|c| c["key"] != BASELINE);
+        s += &format!(
+            "## In-pod vs node-level capture (medians of {} rounds)\n\n\
+             throughput: 1 stream, {} up; rr: 1 B request/response, {} requests on one connection; \
+             connect: {} new connections, one at a time. CPU: both ringways of the path.\n\n",
+            a.rounds,
+            fmt_size(a.bytes),
+            a.requests,
+            a.connections
+        );
+        s += "| scenario | metric |";
+        let mut rule = String::from("|---|---|");
+        for c in &cols {
+            s += &format!(" {} |", c["label"].as_str().unwrap_or("?"));
+            rule += "---:|";
+            if c["key"] != BASELINE {
+                s += &format!(" {} ÷ node-level |", c["label"].as_str().unwrap_or("?"));
+                rule += "---:|";
+            }
+        }
+        s += &format!("\n{rule}\n");
+        for (id, label, scenario, higher, digits) in METRICS {
+            s += &format!(
+                "| {scenario} | {label} ({}) |",
+                if higher {
+                    "higher is better"
+                } else {
+                    "lower is better"
+                }
+            );
+            for c in &cols {
+                let key = c["key"].as_str().unwrap_or("?");
+                s += &format!(" {} |", f(&cmp["medians"][key][id], digits));
+                if key != BASELINE {
+                    s += &format!(" {} |", f(&cmp["ratios_over_node"][key][id], 3));
+                }
+            }
+            s += "\n";
+        }
+        s += "\nWhat the server pod's application saw as the peer:";
+        for c in &cols {
+            s += &format!(
+                " {}: {};",
+                c["label"].as_str().unwrap_or("?"),
+                c["path"]["server_app_saw_peer"].as_str().unwrap_or("?")
+            );
+        }
+        s.pop();
+        s += ".\n";
+        if let Some(sys) = cmp["syscalls"].as_object() {
+            s += "\n| system calls (both ringways) |";
+            let mut rule = String::from("|---|");
+            for c in &cols {
+                s += &format!(" {} |", c["label"].as_str().unwrap_or("?"));
+                rule += "---:|";
+            }
+            s += &format!("\n{rule}\n");
+            let rows: [(&str, &[&str]); 6] = [
+                ("per connection", &["connect", "syscalls"]),
+                ("per connection: setns", &["connect", "by_type", "setns"]),
+                ("per connection: socket", &["connect", "by_type", "socket"]),
+                (
+                    "per connection: io_uring submissions",
+                    &["connect", "io_uring_submissions"],
+                ),
+                ("per request (rr)", &["rr", "syscalls"]),
+                (
+                    "per request: io_uring submissions",
+                    &["rr", "io_uring_submissions"],
+                ),
+            ];
+            for (label, path) in rows {
+                s += &format!("| {label} |");
+                for c in &cols {
+                    let mut v = &sys[c["key"].as_str().unwrap_or("?")];
+                    for p in path {
+                        v = &v[*p];
+                    }
+                    // A type never seen was not called.
+                    let shown = match (v.as_f64(), path.len() == 3) {
+                        (None, true)
+                            if sys[c["key"].as_str().unwrap_or("?")]["connect"]["syscalls"]
+                                .is_number() =>
+                        {
+                            "0".to_string()
+                        }
+                        _ => f(v, 2),
+                    };
+                    s += &format!(" {shown} |");
+                }
+                s += "\n";
+            }
+            if let Some(e) = sys.values().find_map(|v| v["connect"]["error"].as_str()) {
+                s += &format!("\nsystem calls {e}\n");
+            }
+        }
+    }
+    s
+}
+
+fn main() {
+    cleanup_on_signals();
+    let a = Args::parse();
+    progress("starting");
+    if let Err(e) = run(&a) {
+        eprintln!("inpod-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> anyhow::Result<()> {
+    rig::require_root("inpod-bench")?;
+    ringway_perf::raise_fd_limit();
+    let bin = ringway_perf::ringway_bin(Some(&a.ringway))?;
+    if a.pods == 0 && !a.skip_pods {
+        bail!("--pods must be at least 1 (or --skip-pods)");
+    }
+    let machine = machine::describe(Some(&bin));
+    std::fs::create_dir_all(&a.out)?;
+    let logs = a.out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let work = Work::new()?;
+    let side = rig::side_listener_args(&bin)?;
+    progress(&format!(
+        "ringway {} ({}), out {}",
+        machine.ringway.as_ref().map_or("?", |r| r.version.as_str()),
+        bin.display(),
+        a.out.display()
+    ));
+
+    let pods = match a.skip_pods {
+        true => Value::Null,
+        false => pod_enrolment(a, &bin, &work.0, &logs, &side).context("pod enrolment")?,
+    };
+    let cmp = match a.skip_compare {
+        true => Value::Null,
+        false => side_by_side(a, &bin, &work.0, &logs, &side).context("in-pod vs node-level")?,
+    };
+    let text = table(a, &machine, &pods, &cmp);
+    let out = json!({
+        "machine": machine,
+        "settings": {
+            "ringway": bin.display().to_string(),
+            "pods": a.pods,
+            "pod_shape": pod_shape(a),
+            "rounds": a.rounds,
+            "throughput_bytes": a.bytes,
+            "rr_requests": a.requests,
+            "connect_connections": a.connections,
+            "ringway_rust_log": a.log_level,
+        },
+        "pod_enrolment": pods,
+        "inpod_vs_node": cmp,
+    });
+    std::fs::write(
+        a.out.join("inpod.json"),
+        serde_json::to_string_pretty(&out)? + "\n",
+    )?;
+    std::fs::write(a.out.join("inpod.txt"), &text)?;
+    println!("{text}");
+    progress(&format!(
+        "wrote {} and {}",
+        a.out.join("inpod.json").display(),
+        a.out.join("inpod.txt").display()
+    ));
+    Ok(())
+}

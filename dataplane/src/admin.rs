@@ -8,6 +8,10 @@
 //! - `GET|POST /logging[?level=SPEC]`: shows, or replaces, the log filter
 //!   (`RUST_LOG` syntax);
 //! - `POST /quitquitquit`: starts a graceful drain, as SIGTERM does;
+//! - `GET /memory`: the process's resident and peak memory and the
+//!   allocator's counters (jemalloc: allocated, active, metadata,
+//!   resident, mapped, retained, dirty and muzzy pages), to account for
+//!   memory from outside (`ringway-perf`'s `scale-bench` reads it);
 //! - `GET /cores`: the per-core view for tuning pinning (connections,
 //!   pooled HBONE connections, pipes and buffers held, tasks, the snapshot
 //!   version each core runs, task panics, late rejections).
@@ -48,13 +52,14 @@ impl Admin {
         match path {
             "/config_dump" if get => ("200 OK", JSON, pretty(&self.config_dump())),
             "/cores" if get => ("200 OK", JSON, pretty(&self.cores())),
+            "/memory" if get => ("200 OK", JSON, pretty(&crate::allocator::report())),
             "/logging" if get || method == "POST" => self.logging(query),
             "/quitquitquit" if method == "POST" => {
                 tracing::info!("admin: /quitquitquit: no longer accepting; draining");
                 self.quit.notify_one();
                 ("200 OK", TEXT, "draining\n".into())
             }
-            "/config_dump" | "/cores" | "/logging" | "/quitquitquit" => (
+            "/config_dump" | "/cores" | "/memory" | "/logging" | "/quitquitquit" => (
                 "405 Method Not Allowed",
                 TEXT,
                 "method not allowed\n".into(),
@@ -62,7 +67,7 @@ impl Admin {
             "/" => (
                 "200 OK",
                 TEXT,
-                "ringway admin: /config_dump /cores /logging[?level=...] /quitquitquit (POST)\n"
+                "ringway admin: /config_dump /cores /memory /logging[?level=...] /quitquitquit (POST)\n"
                     .into(),
             ),
             _ => ("404 Not Found", TEXT, "not found\n".into()),

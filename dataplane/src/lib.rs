@@ -20,9 +20,11 @@
 //! - [`cgroup`]: the cgroup CPU quota and cpuset, read for [`config::plan_cores`].
 //! - [`control`]: the control thread (config source, certificates, readiness, signals).
 //! - [`app`]: wiring it together for the binary.
+//! - [`allocator`]: the global allocator's counters, registered by the binary.
 
 pub mod accesslog;
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod authorization;
 pub mod cgroup;

@@ -10,6 +10,72 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's counters for the admin endpoint's `/memory`.
+mod jemalloc {
+    use std::ffi::CString;
+    use std::os::raw::c_void;
+
+    use serde_json::{json, Value};
+    use tikv_jemalloc_sys::mallctl;
+
+    /// Reads the mallctl `name` as a `T` (size_t, ssize_t, unsigned, bool).
+    fn read<T: Copy + Default>(name: &str) -> Option<T> {
+        let name = CString::new(name).ok()?;
+        let mut value = T::default();
+        let mut len = std::mem::size_of::<T>();
+        // SAFETY: `value` is a valid, writable `T` of `len` bytes, which is
+        // the size the named mallctl reads into (size_t, ssize_t, unsigned
+        // or bool, as the callers below ask for).
+        let rc = unsafe {
+            mallctl(
+                name.as_ptr(),
+                (&mut value as *mut T).cast::<c_void>(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (rc == 0 && len == std::mem::size_of::<T>()).then_some(value)
+    }
+
+    /// Refreshes jemalloc's cached counters ("epoch"), then reads them.
+    /// Bytes unless said otherwise; null where jemalloc was built without
+    /// statistics.
+    pub fn stats() -> Value {
+        let mut epoch: u64 = 1;
+        let mut len = std::mem::size_of::<u64>();
+        // SAFETY: writing "epoch" takes a u64 and reads back into one.
+        unsafe {
+            mallctl(
+                c"epoch".as_ptr(),
+                (&mut epoch as *mut u64).cast::<c_void>(),
+                &mut len,
+                (&mut epoch as *mut u64).cast::<c_void>(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+        let bytes = |name: &str| read::<usize>(name);
+        let page = bytes("arenas.page").unwrap_or(4096);
+        // MALLCTL_ARENAS_ALL: every arena merged.
+        let pages = |what: &str| bytes(&format!("stats.arenas.4096.{what}")).map(|p| p * page);
+        json!({
+            "allocator": "jemalloc",
+            "allocated": bytes("stats.allocated"),
+            "active": bytes("stats.active"),
+            "metadata": bytes("stats.metadata"),
+            "resident": bytes("stats.resident"),
+            "mapped": bytes("stats.mapped"),
+            "retained": bytes("stats.retained"),
+            "dirty": pages("pdirty"),
+            "muzzy": pages("pmuzzy"),
+            "arenas": read::<u32>("arenas.narenas"),
+            "background_thread": read::<bool>("background_thread"),
+            "dirty_decay_ms": read::<isize>("arenas.dirty_decay_ms"),
+            "muzzy_decay_ms": read::<isize>("arenas.muzzy_decay_ms"),
+        })
+    }
+}
+
 use clap::Parser;
 use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
 use ringway_dataplane::logfmt;
@@ -50,6 +116,9 @@ fn init_logging(format: LogFormat, queued_lines: usize) -> Option<logfmt::LogWri
 }
 
 fn main() -> ExitCode {
+    ringway_dataplane::allocator::install(ringway_dataplane::allocator::Hooks {
+        stats: jemalloc::stats,
+    });
     let cli = Cli::parse();
     let _log_writer = init_logging(cli.run.log_format, cli.run.log_queue_lines as usize);
     let result = match cli.command {

@@ -1,0 +1,55 @@
+//! What ringway asks of its global allocator: its counters (the admin
+//! endpoint's `/memory`), so that memory can be accounted for from
+//! outside the process.
+//!
+//! The `ringway` binary installs jemalloc and registers its hooks here
+//! ([`install`]); the library, and its tests on the system allocator,
+//! work without them.
+
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+
+/// What the binary's allocator offers.
+pub struct Hooks {
+    /// The allocator's counters, as JSON (see `main.rs`).
+    pub stats: fn() -> Value,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
+/// Registers the allocator's hooks (once; later calls are ignored).
+pub fn install(hooks: Hooks) {
+    let _ = HOOKS.set(hooks);
+}
+
+/// The allocator's counters, if the binary registered them.
+pub fn stats() -> Option<Value> {
+    HOOKS.get().map(|h| (h.stats)())
+}
+
+/// `/memory`: the process's resident and peak memory (/proc/self/status,
+/// bytes) and the allocator's counters (null without hooks).
+pub fn report() -> Value {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mut process = serde_json::Map::new();
+    for line in status.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if !matches!(
+            key,
+            "VmRSS" | "VmHWM" | "RssAnon" | "RssFile" | "VmData" | "VmSize"
+        ) {
+            continue;
+        }
+        if let Some(kb) = value
+            .trim()
+            .strip_suffix("kB")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            process.insert(key.to_string(), json!(kb * 1024));
+        }
+    }
+    json!({ "process": process, "allocator": stats() })
+}

@@ -427,6 +427,9 @@ struct Run {
     /// /proc/PID/status at `early` and `steady` seconds after ready.
     early: BTreeMap<String, u64>,
     steady: BTreeMap<String, u64>,
+    /// CPU used between the two samples (no traffic: what holding and
+    /// watching the config costs), % of one CPU.
+    idle_cpu_percent: Option<f64>,
     /// jemalloc's counters at the steady sample (ringway's /memory).
     allocator: Option<Value>,
     /// What /config_dump listed (workloads, services).
@@ -490,7 +493,15 @@ impl Bench {
             proc_status(pid).with_context(|| format!("{name} exited: see {}", log.display()))
         };
         let early = sample_at(self.args.early)?;
+        let cpu_early = ringway_perf::procstat::cpu_seconds(pid).ok();
         let steady = sample_at(self.args.steady)?;
+        let cpu_steady = ringway_perf::procstat::cpu_seconds(pid).ok();
+        let idle_cpu_percent = match (cpu_early, cpu_steady) {
+            (Some(a), Some(b)) if self.args.steady > self.args.early => {
+                Some(100.0 * (b - a) / (self.args.steady - self.args.early))
+            }
+            _ => None,
+        };
         let mut run = Run {
             variant: kind.key(),
             workloads: shape.workloads,
@@ -504,6 +515,7 @@ impl Bench {
             ready_secs: started.ready_secs,
             early,
             steady,
+            idle_cpu_percent,
             ..Run::default()
         };
         if let Some(admin) = started.admin {
@@ -836,15 +848,16 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
     sizes.dedup();
     let _ = writeln!(
         md,
-        "Process memory and load time, `--cores 1` / 1 worker:\n"
+        "Process memory and load time, `--cores 1` / 1 worker (idle CPU: % of one CPU \
+         between the two samples, no traffic):\n"
     );
     let _ = writeln!(
         md,
-        "| mesh (workloads / services) | variant | ready | RSS at 2 s | RSS at 15 s | peak (VmHWM) | bytes/workload (15 s) | ÷ ztunnel: ready | RSS 2 s | RSS 15 s | peak | bytes/workload |"
+        "| mesh (workloads / services) | variant | ready | RSS at 2 s | RSS at 15 s | peak (VmHWM) | bytes/workload (15 s) | idle CPU | ÷ ztunnel: ready | RSS 2 s | RSS 15 s | peak | bytes/workload |"
     );
     let _ = writeln!(
         md,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for &n in &sizes {
         let zt = find(Kind::Ztunnel, n);
@@ -857,13 +870,15 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
             };
             let bpw = per_workload(r, find(k, 0));
             let mut row = format!(
-                "| {shape} | {} | {:.2} s | {} | {} | {} | {} |",
+                "| {shape} | {} | {:.2} s | {} | {} | {} | {} | {} |",
                 k.key(),
                 r.ready_secs,
                 mib(r.rss_early()),
                 mib(r.rss_steady()),
                 mib(r.peak()),
                 bpw.map_or("–".into(), |b| format!("{b:.0} B")),
+                r.idle_cpu_percent
+                    .map_or("–".into(), |c| format!("{c:.1} %")),
             );
             match zt.filter(|_| k != Kind::Ztunnel) {
                 Some(z) => {

@@ -406,18 +406,22 @@ fn config_source(
             },
         ));
     }
-    let snapshot = match &args.config {
+    let (snapshot, loaded) = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read config file {}", path.display()))?;
-            local::load_snapshot(&text, &path.display().to_string()).map_err(|e| anyhow!("{e}"))?
+            let snapshot = local::load_snapshot(&text, &path.display().to_string())
+                .map_err(|e| anyhow!("{e}"))?;
+            (snapshot, Some(local::ContentDigest::of(text.as_bytes())))
         }
         None => {
             tracing::info!(
                 "no --config given: using the embedded default config (examples/local.yaml)"
             );
-            local::load_snapshot(local::EXAMPLE_CONFIG, "embedded examples/local.yaml")
-                .map_err(|e| anyhow!("{e}"))?
+            let snapshot =
+                local::load_snapshot(local::EXAMPLE_CONFIG, "embedded examples/local.yaml")
+                    .map_err(|e| anyhow!("{e}"))?;
+            (snapshot, None)
         }
     };
     publisher.publish(snapshot);
@@ -433,6 +437,7 @@ fn config_source(
         ConfigSource::Local {
             path: args.config.clone(),
             poll: args.config_poll_interval,
+            loaded,
         },
     ))
 }

@@ -28,6 +28,9 @@ pub enum ConfigSource {
     Local {
         path: Option<PathBuf>,
         poll: Duration,
+        /// The digest of the file content already loaded and published
+        /// at startup: the watcher does not load it a second time.
+        loaded: Option<local::ContentDigest>,
     },
     /// Delta ADS from istiod (or ringway-devcp).
     Xds {
@@ -145,9 +148,14 @@ impl Control {
         // Readiness: the config source has delivered, and cores listen.
         let mut xds_status = None;
         let source_ready: Box<dyn Fn() -> bool + Send + Sync> = match self.source {
-            ConfigSource::Local { path, poll } => {
+            ConfigSource::Local { path, poll, loaded } => {
                 if let Some(path) = path {
-                    tokio::spawn(local::watch_file(path, poll, self.snapshots.clone()));
+                    tokio::spawn(local::watch_file(
+                        path,
+                        poll,
+                        self.snapshots.clone(),
+                        loaded,
+                    ));
                 }
                 Box::new(|| true)
             }

@@ -186,15 +186,70 @@ pub enum PollOutcome {
     Unreadable(String),
 }
 
+/// A file's content, identified without keeping it: its length and
+/// SHA-256. At 100k workloads the file is ~47 MB; the watcher used to keep
+/// a copy of it to compare with, and to read it whole at every poll.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ContentDigest {
+    len: u64,
+    sha256: [u8; 32],
+}
+
+impl ContentDigest {
+    pub fn of(bytes: &[u8]) -> ContentDigest {
+        let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+        let mut sha256 = [0; 32];
+        sha256.copy_from_slice(digest.as_ref());
+        ContentDigest {
+            len: bytes.len() as u64,
+            sha256,
+        }
+    }
+
+    /// Streams the file through the hash, 64 KiB at a time.
+    pub fn of_file(path: &Path) -> std::io::Result<ContentDigest> {
+        use std::io::Read;
+        let mut file = std::fs::File::open(path)?;
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut buf = vec![0u8; 64 << 10];
+        let mut len = 0u64;
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    ctx.update(&buf[..n]);
+                    len += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut sha256 = [0; 32];
+        sha256.copy_from_slice(ctx.finish().as_ref());
+        Ok(ContentDigest { len, sha256 })
+    }
+}
+
+impl fmt::Debug for ContentDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes, sha256 ", self.len)?;
+        self.sha256[..8]
+            .iter()
+            .try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
 /// Polls one file by content, so it follows ConfigMap symlink swaps, editors
-/// that replace the file, and edits that keep the mtime.
+/// that replace the file, and edits that keep the mtime. Content is
+/// compared by [`ContentDigest`]: the file is hashed as it is read, and
+/// read whole only when it changed.
 pub struct FileWatcher {
     path: PathBuf,
     origin: String,
     publisher: SnapshotPublisher,
-    /// Last bytes parsed, good or bad: a bad file is reported once, not at
-    /// every poll.
-    last_content: Option<Vec<u8>>,
+    /// Digest of the last bytes parsed, good or bad: a bad file is
+    /// reported once, not at every poll.
+    last_content: Option<ContentDigest>,
     /// Last read error reported, for the same reason.
     last_read_error: Option<String>,
 }
@@ -210,6 +265,18 @@ impl FileWatcher {
         }
     }
 
+    /// A watcher for a file whose content (`loaded`) was already parsed and
+    /// published: its first poll does not load it again.
+    pub fn loaded(
+        path: PathBuf,
+        publisher: SnapshotPublisher,
+        loaded: ContentDigest,
+    ) -> FileWatcher {
+        let mut watcher = FileWatcher::new(path, publisher);
+        watcher.last_content = Some(loaded);
+        watcher
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -220,31 +287,45 @@ impl FileWatcher {
         if self.last_content.is_none() && self.last_read_error.is_none() {
             return false;
         }
-        match std::fs::read(&self.path) {
-            Ok(content) => self.last_content.as_deref() != Some(content.as_slice()),
+        match ContentDigest::of_file(&self.path) {
+            Ok(digest) => self.last_content != Some(digest),
             Err(_) => false,
         }
+    }
+
+    /// Logs a read error once; `Unchanged` if it was already reported.
+    fn unreadable(&mut self, e: std::io::Error) -> PollOutcome {
+        let message = format!("{}: cannot read config: {e}", self.origin);
+        if self.last_read_error.as_deref() == Some(message.as_str()) {
+            return PollOutcome::Unchanged;
+        }
+        tracing::error!("{message}; keeping the last good config");
+        self.last_read_error = Some(message.clone());
+        PollOutcome::Unreadable(message)
     }
 
     /// Reads the file and, if its content changed, parses and publishes it.
     /// Logs what it did; never panics on bad input.
     pub fn poll(&mut self) -> PollOutcome {
-        let content = match std::fs::read(&self.path) {
-            Ok(content) => content,
-            Err(e) => {
-                let message = format!("{}: cannot read config: {e}", self.origin);
-                if self.last_read_error.as_deref() == Some(message.as_str()) {
-                    return PollOutcome::Unchanged;
-                }
-                tracing::error!("{message}; keeping the last good config");
-                self.last_read_error = Some(message.clone());
-                return PollOutcome::Unreadable(message);
-            }
+        // Hashed as it streams by: an unchanged file costs no copy of it.
+        let digest = match ContentDigest::of_file(&self.path) {
+            Ok(digest) => digest,
+            Err(e) => return self.unreadable(e),
         };
         if self.last_read_error.take().is_some() {
             tracing::info!(path = %self.origin, "config file readable again");
         }
-        if self.last_content.as_deref() == Some(content.as_slice()) {
+        if self.last_content == Some(digest) {
+            return PollOutcome::Unchanged;
+        }
+        let content = match std::fs::read(&self.path) {
+            Ok(content) => content,
+            Err(e) => return self.unreadable(e),
+        };
+        // What is remembered is what is parsed, should the file have
+        // changed again in between.
+        let digest = ContentDigest::of(&content);
+        if self.last_content == Some(digest) {
             return PollOutcome::Unchanged;
         }
         let parsed = match std::str::from_utf8(&content) {
@@ -256,7 +337,8 @@ impl FileWatcher {
                 column: None,
             }),
         };
-        self.last_content = Some(content);
+        drop(content);
+        self.last_content = Some(digest);
         match parsed {
             Ok(snapshot) => {
                 if self.publisher.current().same_content(&snapshot) {
@@ -289,14 +371,24 @@ impl FileWatcher {
 
 /// Publishes `path` now and whenever its content changes, checking every
 /// `interval`. Runs forever on the caller's tokio runtime (needs `time`);
-/// abort the task to stop it. Reads are plain blocking reads of a small
-/// local file, fine on the control thread.
+/// abort the task to stop it. Reads are plain blocking reads of a local
+/// file, fine on the control thread. `loaded`: the digest of content
+/// already published from this file (at startup), which is then not
+/// loaded a second time.
 ///
 /// A change is re-read after a short pause before it is used, so a file
 /// caught half-written (truncate-then-write editors) is not published.
-pub async fn watch_file(path: PathBuf, interval: Duration, publisher: SnapshotPublisher) {
+pub async fn watch_file(
+    path: PathBuf,
+    interval: Duration,
+    publisher: SnapshotPublisher,
+    loaded: Option<ContentDigest>,
+) {
     let settle = (interval / 4).min(Duration::from_millis(100));
-    let mut watcher = FileWatcher::new(path, publisher);
+    let mut watcher = match loaded {
+        Some(digest) => FileWatcher::loaded(path, publisher, digest),
+        None => FileWatcher::new(path, publisher),
+    };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

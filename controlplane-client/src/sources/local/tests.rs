@@ -705,6 +705,50 @@ fn file_watcher_follows_configmap_symlink_swap() {
     assert!(publisher.current().workload_by_uid("b").is_some());
 }
 
+/// A watcher started on content already published (ringway's startup:
+/// `--config` is loaded first) does not load it again, and still follows
+/// edits, including one back to the loaded content.
+#[test]
+fn file_watcher_from_loaded_content_skips_the_first_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    write(&path, GOOD_V1);
+    let publisher = SnapshotPublisher::new();
+    publisher.publish(load_snapshot(GOOD_V1, "startup").unwrap());
+    let loaded = ContentDigest::of(GOOD_V1.as_bytes());
+    assert_eq!(ContentDigest::of_file(&path).unwrap(), loaded);
+    let mut watcher = FileWatcher::loaded(path.clone(), publisher.clone(), loaded);
+    assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
+    assert_eq!(publisher.current().version(), 1);
+
+    write(&path, GOOD_V2);
+    assert!(watcher.content_differs());
+    assert!(matches!(watcher.poll(), PollOutcome::Published(2)));
+    assert_eq!(publisher.current().version(), 2);
+    write(&path, GOOD_V1);
+    assert!(watcher.content_differs());
+    assert!(matches!(watcher.poll(), PollOutcome::Published(3)));
+    assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
+}
+
+/// The digest streams the file in chunks and equals the one-shot digest,
+/// whatever the size (more than one 64 KiB read here).
+#[test]
+fn content_digest_of_file_matches_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big");
+    let bytes: Vec<u8> = (0..200_003u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(
+        ContentDigest::of_file(&path).unwrap(),
+        ContentDigest::of(&bytes)
+    );
+    let mut other = bytes.clone();
+    other[150_000] ^= 1;
+    assert_ne!(ContentDigest::of(&other), ContentDigest::of(&bytes));
+    assert_ne!(ContentDigest::of(&bytes[1..]), ContentDigest::of(&bytes));
+}
+
 #[tokio::test]
 async fn watch_file_publishes_good_edits_and_keeps_last_good() {
     use tokio::time::{sleep, timeout};
@@ -716,7 +760,7 @@ async fn watch_file_publishes_good_edits_and_keeps_last_good() {
     let publisher = SnapshotPublisher::new();
     let mut feed = publisher.subscribe();
     let interval = Duration::from_millis(20);
-    let task = tokio::spawn(watch_file(path.clone(), interval, publisher.clone()));
+    let task = tokio::spawn(watch_file(path.clone(), interval, publisher.clone(), None));
 
     timeout(Duration::from_secs(5), feed.changed())
         .await

@@ -1,6 +1,7 @@
 //! What ringway asks of its global allocator: its counters (the admin
 //! endpoint's `/memory`), so that memory can be accounted for from
-//! outside the process.
+//! outside the process, and to give freed memory back to the system after
+//! a big one-off load ([`purge`]).
 //!
 //! The `ringway` binary installs jemalloc and registers its hooks here
 //! ([`install`]); the library, and its tests on the system allocator,
@@ -14,6 +15,8 @@ use serde_json::{json, Value};
 pub struct Hooks {
     /// The allocator's counters, as JSON (see `main.rs`).
     pub stats: fn() -> Value,
+    /// Returns every freed page to the system now.
+    pub purge: fn(),
 }
 
 static HOOKS: OnceLock<Hooks> = OnceLock::new();
@@ -26,6 +29,18 @@ pub fn install(hooks: Hooks) {
 /// The allocator's counters, if the binary registered them.
 pub fn stats() -> Option<Value> {
     HOOKS.get().map(|h| (h.stats)())
+}
+
+/// Gives the pages the allocator keeps for reuse back to the system (no-op
+/// without hooks). For after a one-off burst, such as loading a large
+/// config at startup: parsing it takes several times the memory the
+/// snapshot keeps, and an allocator otherwise keeps those freed pages
+/// until they decay (jemalloc: only while the thread that freed them keeps
+/// allocating, unless its background thread runs).
+pub fn purge() {
+    if let Some(h) = HOOKS.get() {
+        (h.purge)();
+    }
 }
 
 /// `/memory`: the process's resident and peak memory (/proc/self/status,

@@ -103,6 +103,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
+    // Loading the config (and issuing certificates) freed several times
+    // what it kept: give those pages back now rather than as they decay.
+    crate::allocator::purge();
+
     check_memlock(plan.cpus.len())?;
     check_io_uring()?;
     raise_nofile();

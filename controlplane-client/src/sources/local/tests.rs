@@ -858,3 +858,127 @@ fn ztunnel_schema_keys_still_reject_what_ztunnel_rejects() {
         assert!(e.contains(needle), "{tail}: {e}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Parsing in batches
+// ---------------------------------------------------------------------------
+
+/// `n` workloads (every shape of line a list item may have: flow and block
+/// maps, nested block lists, a block scalar, comments at any indentation,
+/// blank lines, an anchor used within its item), one service per 10, and
+/// a policy with YAML tags; items indented by `indent`.
+fn batched_mesh(n: usize, indent: &str) -> String {
+    let mut y = String::from("# a mesh\n\nworkloads:\n");
+    for i in 0..n {
+        let p = indent;
+        y += &format!(
+            "{p}- uid: &uid{i} Kubernetes//Pod/ns/w-{i}\n{p}  name: w-{i}\n{p}  namespace: ns\n\
+             {p}  workloadIps: [\"10.0.{}.{}\"]\n{p}  protocol: HBONE\n\
+             {p}  hostname: |-\n{p}    host-{i}\n\
+             # a comment at column 0 inside the list\n\n\
+             {p}  authorizationPolicies:\n{p}  - ns/p\n\
+             {p}  locality: {{region: r, zone: z}}\n\
+             {p}  services:\n{p}    \"ns/s{}.ns.svc\": {{80: 8080}}\n",
+            i / 250,
+            i % 250 + 1,
+            i / 10
+        );
+    }
+    y += "services:   # one per ten workloads\n";
+    for s in 0..n.div_ceil(10) {
+        y += &format!(
+            "- {{name: s{s}, namespace: ns, hostname: s{s}.ns.svc, vips: [\"/10.96.{}.{}\"], ports: {{80: 8080}}}}\n",
+            s / 250,
+            s % 250 + 1
+        );
+    }
+    y += "policies:\n- name: p\n  namespace: ns\n  scope: WorkloadSelector\n  action: Allow\n  \
+          rules: [[[ {principals: [!Exact \"cluster.local/ns/ns/sa/x\"]} ]]]\n";
+    y
+}
+
+#[test]
+fn batches_give_what_the_whole_document_gives() {
+    for (n, indent) in [(3, ""), (1500, ""), (700, "  ")] {
+        let yaml = batched_mesh(n, indent);
+        let lists = split_lists(&yaml).expect("block lists");
+        if n > 1000 {
+            assert!(lists[0].len() > 4, "{} batches", lists[0].len());
+        }
+        let batched = parse_in_batches(&yaml, "m").expect("batched");
+        let whole = parse_whole(&yaml, "m").unwrap();
+        assert_eq!(batched, whole);
+        assert_eq!(batched.0.len(), n);
+        assert_eq!(batched.0[n - 1].hostname, format!("host-{}", n - 1));
+        assert_eq!(batched.2.len(), 1);
+        let crlf = yaml.replace('\n', "\r\n");
+        assert_eq!(parse_in_batches(&crlf, "m").expect("CRLF"), whole);
+    }
+    for yaml in [
+        EXAMPLE,
+        GOOD_V1,
+        "workloads: []\nservices: []  # none\npolicies: []\n",
+    ] {
+        assert_eq!(
+            parse_in_batches(yaml, "m").expect("batched"),
+            parse_whole(yaml, "m").unwrap()
+        );
+    }
+}
+
+/// Layouts the batches do not read go through the whole document, with
+/// the same outcome as before, errors (and their lines) included.
+#[test]
+fn other_layouts_and_errors_go_through_the_whole_document() {
+    let big = batched_mesh(1500, "");
+    // An alias to an anchor in an earlier batch.
+    let alias = big.replace(
+        "- uid: &uid1400 Kubernetes//Pod/ns/w-1400\n  name: w-1400\n",
+        "- uid: &uid1400 Kubernetes//Pod/ns/w-1400\n  name: *uid2\n",
+    );
+    let flow = "workloads: [{uid: a, namespace: n}]\n";
+    let nested = "workloads:\n  [{uid: a, namespace: n}]\n";
+    let doc = "---\nworkloads:\n- {uid: a, namespace: n}\n";
+    let null = "workloads:\nservices: []\n";
+    for yaml in [alias.as_str(), flow, nested, doc, null] {
+        assert!(parse_in_batches(yaml, "m").is_none(), "{yaml:.80}");
+        assert_eq!(parse(yaml, "m"), parse_whole(yaml, "m"));
+    }
+    assert_eq!(
+        parse(&alias, "m").unwrap().0[1400].name,
+        "Kubernetes//Pod/ns/w-2"
+    );
+    // Duplicate or unknown top-level keys, tabs: errors of the whole parse.
+    for yaml in [
+        "workloads: []\nworkloads: []\n",
+        "workload: []\n",
+        "workloads:\n\t- {uid: a, namespace: n}\n",
+    ] {
+        assert!(parse_in_batches(yaml, "m").is_none());
+        assert!(parse(yaml, "m").is_err());
+    }
+    // A bad value deep in a big file: the whole parse's message and line.
+    let bad = big.replace("\"10.0.4.151\"", "\"10.0.4.300\"");
+    let line = bad.lines().position(|l| l.contains("10.0.4.300")).unwrap() + 1;
+    match parse(&bad, "m").unwrap_err() {
+        ConfigError::Parse {
+            line: l, message, ..
+        } => {
+            assert_eq!(l, Some(line));
+            assert!(
+                message.starts_with("workloads[1150].workloadIps[0]"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // An item-level error after a batch boundary: same item number.
+    let no_ns = big.replace(
+        "  name: w-1300\n  namespace: ns\n",
+        "  name: w-1300\n  namespace: \"\"\n",
+    );
+    assert_eq!(
+        parse(&no_ns, "m").unwrap_err().to_string(),
+        "m: workloads[1300] (uid \"Kubernetes//Pod/ns/w-1300\"): namespace is empty"
+    );
+}

@@ -731,6 +731,41 @@ fn file_watcher_from_loaded_content_skips_the_first_load() {
     assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
 }
 
+/// Polls skip hashing while the metadata stays, but a rewrite that keeps
+/// even the metadata (faked here) is found within POLLS_TRUSTING_METADATA
+/// polls.
+#[test]
+fn file_watcher_trusts_metadata_for_a_while_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    write(&path, GOOD_V1);
+    let publisher = SnapshotPublisher::new();
+    let mut watcher = FileWatcher::new(path.clone(), publisher.clone());
+    assert!(matches!(watcher.poll(), PollOutcome::Published(1)));
+    // Just written: its metadata does not vouch for it yet.
+    assert_eq!(watcher.last_meta, None);
+    assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
+    assert_eq!(watcher.polls_on_meta, 0);
+    // Older than a second: trusted.
+    watcher.last_meta = FileMeta::of(&path);
+    assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
+    assert_eq!(watcher.polls_on_meta, 1);
+    // A real edit changes the metadata: seen at once.
+    write(&path, GOOD_V2);
+    assert!(watcher.content_differs());
+    assert!(matches!(watcher.poll(), PollOutcome::Published(2)));
+    // Same length, and the metadata made to look unchanged.
+    write(&path, GOOD_V1);
+    watcher.last_meta = FileMeta::of(&path);
+    watcher.polls_on_meta = 0;
+    for _ in 0..POLLS_TRUSTING_METADATA {
+        assert!(!watcher.content_differs());
+        assert!(matches!(watcher.poll(), PollOutcome::Unchanged));
+    }
+    assert!(matches!(watcher.poll(), PollOutcome::Published(3)));
+    assert!(publisher.current().workload_by_uid("a").is_some());
+}
+
 /// The digest streams the file in chunks and equals the one-shot digest,
 /// whatever the size (more than one 64 KiB read here).
 #[test]

@@ -239,7 +239,8 @@ proptest! {
         // Split between the namespace list, the global list and the
         // workload's own names, to exercise all three selections.
         let third = compiled.len() / 3;
-        let named: Vec<String> = compiled[2 * third..].iter().map(|p| p.key().to_owned()).collect();
+        let named: Vec<ringway_controlplane::model::Str> =
+            compiled[2 * third..].iter().map(|p| p.key().into()).collect();
         let table = compiled.clone();
         // As the snapshot indexes them: each list split by action.
         let split = |part: &[Arc<CompiledPolicy>]| -> (Vec<Listed>, Vec<Listed>) {

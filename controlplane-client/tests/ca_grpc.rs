@@ -627,7 +627,7 @@ async fn an_urgent_request_jumps_the_prefetch_queue() {
         .lock()
         .unwrap()
         .iter()
-        .map(|i| i.service_account.clone())
+        .map(|i| i.service_account.to_string())
         .collect();
     assert_eq!(order, ["a", "d", "b", "c"]);
     assert!(all.get(&id("ns", "far")).is_none(), "not this node's");

@@ -379,7 +379,7 @@ fn next_step(
                     identity: w.identity(),
                     baggage: hbone::baggage(w),
                 },
-                host: service.map(|s| s.hostname.clone()),
+                host: service.map(|s| s.hostname.to_string()),
             }))
         }
         Err(e) => {

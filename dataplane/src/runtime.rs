@@ -62,7 +62,7 @@ pub struct CoreInputs {
     certs: RefCell<Rc<Arc<CertSnapshot>>>,
     /// Dedicated mode: the proxy workload's uid in the snapshot of the
     /// version noted, found once per version (a scan of the workloads).
-    proxy_workload_uid: RefCell<Option<(u64, Option<String>)>>,
+    proxy_workload_uid: RefCell<Option<(u64, Option<ringway_controlplane::model::Str>)>>,
 }
 
 impl CoreInputs {

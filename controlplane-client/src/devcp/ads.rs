@@ -121,7 +121,7 @@ impl XdsResources {
             let endpoints: Vec<String> = workloads
                 .iter()
                 .filter(|w| w.services.contains_key(&key))
-                .map(|w| w.uid.clone())
+                .map(|w| w.uid.to_string())
                 .collect();
             out.address.related.insert(key, endpoints);
         }

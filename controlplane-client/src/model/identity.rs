@@ -9,15 +9,17 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::model::strings::Str;
+
 const SCHEME: &str = "spiffe://";
 
 /// A workload identity. Ordering is by trust domain, then namespace, then
 /// service account.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Identity {
-    pub trust_domain: String,
-    pub namespace: String,
-    pub service_account: String,
+    pub trust_domain: Str,
+    pub namespace: Str,
+    pub service_account: Str,
 }
 
 impl Identity {
@@ -25,9 +27,9 @@ impl Identity {
     /// [`validate`](Self::validate) (or parse a URI) when the parts come from
     /// outside. The CA refuses to sign an identity that doesn't validate.
     pub fn new(
-        trust_domain: impl Into<String>,
-        namespace: impl Into<String>,
-        service_account: impl Into<String>,
+        trust_domain: impl Into<Str>,
+        namespace: impl Into<Str>,
+        service_account: impl Into<Str>,
     ) -> Identity {
         Identity {
             trust_domain: trust_domain.into(),

@@ -15,6 +15,7 @@ pub mod authz;
 pub mod identity;
 pub mod routing;
 pub mod snapshot;
+pub mod strings;
 pub mod time;
 
 use std::collections::BTreeMap;
@@ -22,6 +23,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::model::identity::Identity;
+pub use crate::model::strings::{intern, Str};
 
 /// Service account assumed when a workload doesn't name one.
 pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
@@ -34,25 +36,25 @@ pub const DEFAULT_HBONE_MTLS_PORT: u16 = 15008;
 /// primary key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    pub service_account: String,
-    pub trust_domain: String,
+    pub uid: Str,
+    pub name: Str,
+    pub namespace: Str,
+    pub service_account: Str,
+    pub trust_domain: Str,
     pub addresses: Vec<IpAddr>,
-    pub hostname: String,
-    pub network: String,
+    pub hostname: Str,
+    pub network: Str,
     pub protocol: TunnelProtocol,
-    pub node: String,
-    pub canonical_name: String,
-    pub canonical_revision: String,
-    pub workload_name: String,
+    pub node: Str,
+    pub canonical_name: Str,
+    pub canonical_revision: Str,
+    pub workload_name: Str,
     pub workload_type: WorkloadType,
     pub status: WorkloadStatus,
-    pub cluster_id: String,
+    pub cluster_id: Str,
     /// Policy keys ("ns/name") selected for this workload (scope
     /// `WorkloadSelector`); unknown keys are to be skipped, not fatal.
-    pub authorization_policies: Vec<String>,
+    pub authorization_policies: Vec<Str>,
     /// Services this workload backs, keyed "ns/hostname", with the port
     /// mapping as seen from this workload (target ports are per pod).
     pub services: ServicePorts,
@@ -69,22 +71,22 @@ pub struct Workload {
 impl Default for Workload {
     fn default() -> Self {
         Workload {
-            uid: String::new(),
-            name: String::new(),
-            namespace: String::new(),
-            service_account: DEFAULT_SERVICE_ACCOUNT.to_owned(),
-            trust_domain: DEFAULT_TRUST_DOMAIN.to_owned(),
+            uid: Str::new(),
+            name: Str::new(),
+            namespace: Str::new(),
+            service_account: Str::from(DEFAULT_SERVICE_ACCOUNT),
+            trust_domain: Str::from(DEFAULT_TRUST_DOMAIN),
             addresses: Vec::new(),
-            hostname: String::new(),
-            network: String::new(),
+            hostname: Str::new(),
+            network: Str::new(),
             protocol: TunnelProtocol::default(),
-            node: String::new(),
-            canonical_name: String::new(),
-            canonical_revision: String::new(),
-            workload_name: String::new(),
+            node: Str::new(),
+            canonical_name: Str::new(),
+            canonical_revision: Str::new(),
+            workload_name: Str::new(),
             workload_type: WorkloadType::default(),
             status: WorkloadStatus::default(),
-            cluster_id: String::new(),
+            cluster_id: Str::new(),
             authorization_policies: Vec::new(),
             services: ServicePorts::default(),
             locality: None,
@@ -181,9 +183,9 @@ pub enum NetworkMode {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Locality {
-    pub region: String,
-    pub zone: String,
-    pub subzone: String,
+    pub region: Str,
+    pub zone: Str,
+    pub subzone: Str,
 }
 
 /// Service port → target (container) port.
@@ -198,7 +200,7 @@ pub struct PortMapping {
 /// An IP on a named network ("" is the default network).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NetworkAddress {
-    pub network: String,
+    pub network: Str,
     pub ip: IpAddr,
 }
 
@@ -210,8 +212,8 @@ impl fmt::Display for NetworkAddress {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NamespacedHostname {
-    pub namespace: String,
-    pub hostname: String,
+    pub namespace: Str,
+    pub hostname: Str,
 }
 
 impl fmt::Display for NamespacedHostname {
@@ -265,12 +267,12 @@ pub enum ApplicationTunnelProtocol {
 /// (the workloads whose `services` map names it). Key: "ns/hostname".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Service {
-    pub name: String,
-    pub namespace: String,
-    pub hostname: String,
+    pub name: Str,
+    pub namespace: Str,
+    pub hostname: Str,
     pub vips: Vec<NetworkAddress>,
     pub ports: Vec<PortMapping>,
-    pub subject_alt_names: Vec<String>,
+    pub subject_alt_names: Vec<Str>,
     pub waypoint: Option<GatewayAddress>,
     pub load_balancer: Option<LoadBalancer>,
     /// Preferred when the same hostname exists in several namespaces.
@@ -291,7 +293,7 @@ pub struct Service {
 /// A CIDR VIP: a prefix on a named network.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct NetworkCidr {
-    pub network: String,
+    pub network: Str,
     pub cidr: Cidr,
 }
 
@@ -331,9 +333,9 @@ pub fn is_namespaced(s: &str) -> bool {
 
 /// `value`, or `default` when the source left it empty (proto3 and YAML
 /// alike use "" for "not set").
-pub fn or_default(value: String, default: &str) -> String {
+pub fn or_str<'a>(value: &'a str, default: &'a str) -> &'a str {
     if value.is_empty() {
-        default.to_owned()
+        default
     } else {
         value
     }
@@ -612,7 +614,7 @@ mod tests {
 /// B-tree leaf costs ~530 bytes even for one entry — at 100k workloads that
 /// alone broke the 1 KiB-per-workload budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServicePorts(Vec<(String, Vec<PortMapping>)>);
+pub struct ServicePorts(Vec<(Str, Vec<PortMapping>)>);
 
 impl ServicePorts {
     fn find(&self, key: &str) -> Result<usize, usize> {
@@ -628,7 +630,12 @@ impl ServicePorts {
     }
 
     /// Inserts or replaces; returns the previous ports for `key`.
-    pub fn insert(&mut self, key: String, ports: Vec<PortMapping>) -> Option<Vec<PortMapping>> {
+    pub fn insert(
+        &mut self,
+        key: impl Into<Str>,
+        ports: Vec<PortMapping>,
+    ) -> Option<Vec<PortMapping>> {
+        let key = key.into();
         match self.find(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, ports)),
             Err(i) => {
@@ -639,11 +646,11 @@ impl ServicePorts {
         }
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &String> + '_ {
+    pub fn keys(&self) -> impl Iterator<Item = &Str> + '_ {
         self.0.iter().map(|(k, _)| k)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &Vec<PortMapping>)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&Str, &Vec<PortMapping>)> + '_ {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
@@ -656,8 +663,8 @@ impl ServicePorts {
     }
 }
 
-impl FromIterator<(String, Vec<PortMapping>)> for ServicePorts {
-    fn from_iter<I: IntoIterator<Item = (String, Vec<PortMapping>)>>(iter: I) -> Self {
+impl<K: Into<Str>> FromIterator<(K, Vec<PortMapping>)> for ServicePorts {
+    fn from_iter<I: IntoIterator<Item = (K, Vec<PortMapping>)>>(iter: I) -> Self {
         let mut out = ServicePorts::default();
         for (k, v) in iter {
             out.insert(k, v);
@@ -666,24 +673,24 @@ impl FromIterator<(String, Vec<PortMapping>)> for ServicePorts {
     }
 }
 
-impl From<BTreeMap<String, Vec<PortMapping>>> for ServicePorts {
-    fn from(map: BTreeMap<String, Vec<PortMapping>>) -> Self {
-        // Already sorted and unique.
-        let mut v: Vec<_> = map.into_iter().collect();
+impl<K: Into<Str>> From<BTreeMap<K, Vec<PortMapping>>> for ServicePorts {
+    fn from(map: BTreeMap<K, Vec<PortMapping>>) -> Self {
+        // Already sorted and unique (a key's order is its text's).
+        let mut v: Vec<_> = map.into_iter().map(|(k, p)| (k.into(), p)).collect();
         v.shrink_to_fit();
         ServicePorts(v)
     }
 }
 
-impl<const N: usize> From<[(String, Vec<PortMapping>); N]> for ServicePorts {
-    fn from(items: [(String, Vec<PortMapping>); N]) -> Self {
+impl<K: Into<Str>, const N: usize> From<[(K, Vec<PortMapping>); N]> for ServicePorts {
+    fn from(items: [(K, Vec<PortMapping>); N]) -> Self {
         items.into_iter().collect()
     }
 }
 
 impl IntoIterator for ServicePorts {
-    type Item = (String, Vec<PortMapping>);
-    type IntoIter = std::vec::IntoIter<(String, Vec<PortMapping>)>;
+    type Item = (Str, Vec<PortMapping>);
+    type IntoIter = std::vec::IntoIter<(Str, Vec<PortMapping>)>;
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
     }

@@ -797,7 +797,7 @@ mod tests {
         q.push(&id("d"), Priority::Urgent);
         q.push(&id("b"), Priority::Prefetch);
         let order: Vec<String> = std::iter::from_fn(|| q.pop())
-            .map(|i| i.service_account)
+            .map(|i| i.service_account.to_string())
             .collect();
         assert_eq!(order, ["d", "a", "c", "b"]);
         q.push(&id("x"), Priority::Urgent);

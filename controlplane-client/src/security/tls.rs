@@ -37,6 +37,7 @@ use rustls_pki_types::pem::PemObject;
 use x509_parser::extensions::GeneralName;
 
 use crate::model::identity::{Identity, IdentityError};
+use crate::model::Str;
 use crate::security::pki::{crypto_provider, parse_certs, root_store, validity_of, PkiError};
 
 /// The only ALPN protocol HBONE uses.
@@ -269,7 +270,7 @@ fn spiffe_id_of(
 #[derive(Debug)]
 struct TrustDomainClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
-    trust_domain: String,
+    trust_domain: Str,
 }
 
 impl ClientCertVerifier for TrustDomainClientVerifier {
@@ -298,7 +299,7 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
             peer_identity(std::slice::from_ref(end_entity)).map_err(TlsError::into_rustls)?;
         if peer.trust_domain != self.trust_domain {
             return Err(TlsError::ForeignTrustDomain {
-                ours: self.trust_domain.clone(),
+                ours: self.trust_domain.to_string(),
                 peer: Box::new(peer),
             }
             .into_rustls());

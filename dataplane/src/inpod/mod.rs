@@ -135,7 +135,7 @@ pub struct PodScope {
     pub entry: Arc<PodEntry>,
     /// The pod's workload uid in the snapshot of the version noted, found
     /// once per version.
-    workload: RefCell<Option<(u64, Option<String>)>>,
+    workload: RefCell<Option<(u64, Option<ringway_controlplane::model::Str>)>>,
     open: crate::accesslog::OpenCount,
     /// Flips to true when the pod's connections must end now (the pod was
     /// removed and its drain time is up).

@@ -21,13 +21,13 @@ const ROUNDS: usize = 7;
 
 fn workload(kind: &str, i: usize) -> Workload {
     Workload {
-        uid: format!("c1//v1/Pod/ns{}/{kind}-{i}", i % 10),
-        name: format!("{kind}-{i}-7d9f8c6b5-x2x4z"),
-        namespace: format!("ns{}", i % 10),
-        service_account: format!("{kind}-{i}"),
+        uid: format!("c1//v1/Pod/ns{}/{kind}-{i}", i % 10).into(),
+        name: format!("{kind}-{i}-7d9f8c6b5-x2x4z").into(),
+        namespace: format!("ns{}", i % 10).into(),
+        service_account: format!("{kind}-{i}").into(),
         trust_domain: "cluster.local".into(),
-        workload_name: format!("{kind}-{i}"),
-        canonical_name: format!("{kind}-{i}"),
+        workload_name: format!("{kind}-{i}").into(),
+        canonical_name: format!("{kind}-{i}").into(),
         canonical_revision: "v1".into(),
         cluster_id: "Kubernetes".into(),
         ..Workload::default()

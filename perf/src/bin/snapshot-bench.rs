@@ -58,10 +58,10 @@ fn pod_ip(i: usize, generation: u32) -> IpAddr {
 fn service(s: usize) -> Service {
     let ns = namespace(s);
     Service {
-        name: format!("svc-{s}"),
-        hostname: service_hostname(s),
+        name: format!("svc-{s}").into(),
+        hostname: service_hostname(s).into(),
         vips: vec![NetworkAddress {
-            network: String::new(),
+            network: String::new().into(),
             ip: vip(s),
         }],
         ports: vec![PortMapping {
@@ -69,7 +69,7 @@ fn service(s: usize) -> Service {
             target_port: 8080,
         }],
         subject_alt_names: vec![],
-        namespace: ns,
+        namespace: ns.into(),
         ..Service::default()
     }
 }
@@ -82,15 +82,15 @@ fn workload(i: usize, generation: u32) -> Workload {
     let app = format!("svc-{s}");
     let pod = format!("{app}-7d9f8c6b5-{:05x}", i & 0xfffff);
     Workload {
-        uid: format!("Kubernetes//Pod/{ns}/{pod}"),
-        name: pod,
-        service_account: app.clone(),
+        uid: format!("Kubernetes//Pod/{ns}/{pod}").into(),
+        name: pod.into(),
+        service_account: app.clone().into(),
         addresses: vec![pod_ip(i, generation)],
         protocol: TunnelProtocol::Hbone,
-        node: format!("node-{:04}.cluster.internal", i % 1000),
-        canonical_name: app.clone(),
+        node: format!("node-{:04}.cluster.internal", i % 1000).into(),
+        canonical_name: app.clone().into(),
         canonical_revision: "v1".into(),
-        workload_name: app,
+        workload_name: app.into(),
         cluster_id: "Kubernetes".into(),
         services: BTreeMap::from([(
             service_key(s),
@@ -102,10 +102,10 @@ fn workload(i: usize, generation: u32) -> Workload {
         .into(),
         locality: Some(Locality {
             region: "us-east-1".into(),
-            zone: format!("us-east-1{}", ['a', 'b', 'c'][i % 3]),
-            subzone: String::new(),
+            zone: format!("us-east-1{}", ['a', 'b', 'c'][i % 3]).into(),
+            subzone: String::new().into(),
         }),
-        namespace: ns,
+        namespace: ns.into(),
         ..Workload::default()
     }
 }
@@ -276,7 +276,7 @@ fn measure_deltas(snap: &Snapshot, n: usize, runs: usize) -> (Duration, Duration
         ..SnapshotDelta::default()
     });
     let remove = time(&mut |i| SnapshotDelta {
-        remove_workloads: vec![workload(i, 0).uid],
+        remove_workloads: vec![workload(i, 0).uid.to_string()],
         ..SnapshotDelta::default()
     });
     (upsert_new, upsert_move, remove)

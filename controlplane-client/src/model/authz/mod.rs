@@ -42,7 +42,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use crate::model::identity::Identity;
-use crate::model::PolicyAction;
+use crate::model::{PolicyAction, Str};
 
 pub use compile::CompiledPolicy;
 use facts::Facts;
@@ -149,7 +149,7 @@ pub struct Selected<'s> {
     /// The GLOBAL-scope policies.
     pub global: ByAction<'s>,
     /// The workload's `authorization_policies` ("ns/name").
-    pub named: &'s [String],
+    pub named: &'s [Str],
     /// Where the named policies are looked up.
     pub table: &'s dyn PolicyTable,
 }

@@ -1063,7 +1063,7 @@ fn selection_order_is_namespace_global_named() {
             ..m()
         }],
     ));
-    let named = vec!["ns/missing".to_string(), "ns/named".to_string()];
+    let named: Vec<Str> = vec!["ns/missing".into(), "ns/named".into()];
     let table = vec![named_policy];
     let conn = Conn {
         src: "10.0.0.1".parse().unwrap(),

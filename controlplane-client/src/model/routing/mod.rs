@@ -193,7 +193,7 @@ fn service_plan(
             if let Some((w, _)) = choose(&remote, out.source, lb, pick) {
                 return Err(PlanError::RemoteNetwork {
                     service: key,
-                    network: w.network.clone(),
+                    network: w.network.to_string(),
                 });
             }
             return Err(PlanError::NoHealthyUpstream {

@@ -54,7 +54,7 @@ fn located(mut w: Workload, region: &str, zone: &str, node: &str) -> Workload {
     w.locality = Some(Locality {
         region: region.into(),
         zone: zone.into(),
-        subzone: String::new(),
+        subzone: String::new().into(),
     });
     w.node = node.into();
     w
@@ -67,7 +67,7 @@ fn svc(host: &str, vip: &str, target: u16) -> Service {
         namespace: "ns".into(),
         hostname: host.into(),
         vips: vec![NetworkAddress {
-            network: String::new(),
+            network: String::new().into(),
             ip: ip(vip),
         }],
         ports: vec![PortMapping {
@@ -99,7 +99,7 @@ fn waypoint_by_host(host: &str) -> Option<GatewayAddress> {
 fn waypoint_at(ip_: &str, port: u16) -> Option<GatewayAddress> {
     Some(GatewayAddress {
         destination: GatewayDestination::Address(NetworkAddress {
-            network: String::new(),
+            network: String::new().into(),
             ip: ip(ip_),
         }),
         hbone_mtls_port: port,
@@ -292,7 +292,7 @@ fn capacity_weights_the_choice() {
     );
     let chosen: Vec<String> = (0..4)
         .map(|n| match decide(&s, None, "10.96.0.10:80", n) {
-            Ok(Plan::Hbone { identity, .. }) => identity.service_account,
+            Ok(Plan::Hbone { identity, .. }) => identity.service_account.to_string(),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -573,7 +573,7 @@ fn the_endpoint_address_follows_the_family_dialled() {
     let dual = pod("web-1", &["10.0.1.1", "fd00::1:1"], &[(WEB, &[(80, 8080)])]);
     let mut service = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
     service.vips.push(NetworkAddress {
-        network: String::new(),
+        network: String::new().into(),
         ip: ip("fd00::96:10"),
     });
     let s = snap(vec![dual], vec![service]);
@@ -596,7 +596,7 @@ fn the_endpoint_address_follows_the_family_dialled() {
 fn a_cidr_vip_routes_like_a_vip_and_goes_with_its_service() {
     let mut service = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
     service.cidr_vips = vec![crate::model::NetworkCidr {
-        network: String::new(),
+        network: String::new().into(),
         cidr: crate::model::Cidr::new(ip("10.200.0.0"), 16).unwrap(),
     }];
     let s = snap(

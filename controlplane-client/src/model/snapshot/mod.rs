@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::model::authz::{CompiledPolicy, Listed};
-use crate::model::{NetworkCidr, NetworkMode, Policy, Service, UnreadablePolicy, Workload};
+use crate::model::{NetworkCidr, NetworkMode, Policy, Service, Str, UnreadablePolicy, Workload};
 use policies::PolicyEntry;
 use table::{Hasher, Keyed, Table};
 
@@ -410,7 +410,7 @@ fn remove_addr<T: Keyed + Clone>(
 }
 
 /// (network, IP) → every workload holding it, oldest first.
-type SharedAddrs = HashMap<(String, IpAddr), Vec<Arc<Workload>>, Hasher>;
+type SharedAddrs = HashMap<(Str, IpAddr), Vec<Arc<Workload>>, Hasher>;
 
 /// One address of a workload, keyed by IP within its network's table.
 #[derive(Clone, PartialEq)]
@@ -542,7 +542,7 @@ fn apply(
             // only a repeated uid is refused.
             let verdict = if wl_pos[w.uid.as_str()] != i {
                 Verdict::Refuse(SnapshotError::DuplicateWorkloadUid {
-                    uid: w.uid.clone(),
+                    uid: w.uid.to_string(),
                     first: wl_pos[w.uid.as_str()],
                     second: i,
                 })
@@ -561,7 +561,7 @@ fn apply(
                 }
                 Verdict::Refuse(error) => {
                     wl_status[i] = Status::Rejected;
-                    let name = w.uid.clone();
+                    let name = w.uid.to_string();
                     if !reject(Rejected { name, error }) {
                         return b.finish();
                     }
@@ -612,7 +612,7 @@ fn apply(
         .filter(|(_, (status, _))| **status == Status::Deferred);
     for (i, (_, error)) in waiting {
         let name = match i.checked_sub(workloads.len()) {
-            None => workloads[i].uid.clone(),
+            None => workloads[i].uid.to_string(),
             Some(j) => services[j].0.to_string(),
         };
         let error = error.expect("a deferred item has its error");
@@ -720,7 +720,7 @@ impl Builder {
             let other_key = other.key();
             let verdict = Self::holder_verdict(sv_pos, sv_status, &other_key, |first| {
                 SnapshotError::DuplicateServiceVip {
-                    network: vip.network.clone(),
+                    network: vip.network.to_string(),
                     ip: vip.ip,
                     first,
                     first_key: other_key.clone(),

@@ -12,8 +12,8 @@ use super::{find_named, merge_list, put_list, Builder, Named, Snapshot};
 use crate::model::authz::{
     self, ByAction, CompiledPolicy, Conn, DryRun, Listed, PolicyTable, Selected, Verdict,
 };
-use crate::model::PolicyAction;
 use crate::model::{Policy, UnreadablePolicy, Workload};
+use crate::model::{PolicyAction, Str};
 
 /// One policy version: the model value (None when the source could not
 /// read it) and its compiled form.
@@ -157,7 +157,7 @@ impl Snapshot {
             .authorization_policies
             .iter()
             .filter(|k| find_named(&self.policies, k).is_none())
-            .map(String::as_str)
+            .map(Str::as_str)
     }
 }
 

@@ -43,7 +43,7 @@ fn service(ns: &str, host: &str, vips: &[(&str, &str)]) -> Service {
         vips: vips
             .iter()
             .map(|(n, a)| NetworkAddress {
-                network: n.to_string(),
+                network: n.to_string().into(),
                 ip: ip(a),
             })
             .collect(),
@@ -861,7 +861,7 @@ fn assert_same_lookups(a: &Snapshot, b: &Snapshot) {
             .map(|((net, ip), h)| {
                 (
                     format!("{net}/{ip}"),
-                    h.iter().map(|w| w.uid.clone()).collect(),
+                    h.iter().map(|w| w.uid.to_string()).collect(),
                 )
             })
             .collect()
@@ -1027,7 +1027,7 @@ fn random_delta(rng: &mut Rng, current: &Snapshot) -> SnapshotDelta {
         });
     }
     // Remove mostly things that exist.
-    let mut existing: Vec<String> = current.workloads().map(|w| w.uid.clone()).collect();
+    let mut existing: Vec<String> = current.workloads().map(|w| w.uid.to_string()).collect();
     existing.sort(); // iteration order depends on the hash seed
     for _ in 0..rng.below(3) {
         d.remove_workloads
@@ -1071,7 +1071,7 @@ fn expected_after(
 ) {
     let mut w: BTreeMap<_, _> = before
         .workloads()
-        .map(|x| (x.uid.clone(), (**x).clone()))
+        .map(|x| (x.uid.to_string(), (**x).clone()))
         .collect();
     let mut s: BTreeMap<_, _> = before
         .services()
@@ -1095,7 +1095,7 @@ fn expected_after(
         );
     }
     for uid in &delta.remove_workloads {
-        w.remove(uid);
+        w.remove(uid.as_str());
     }
     for key in &delta.remove_services {
         s.remove(key);
@@ -1119,21 +1119,21 @@ fn expected_after(
     let mut seen = std::collections::HashSet::new();
     for x in &delta.upsert_workloads {
         if seen.insert(x.uid.clone()) && !refused(&x.uid) {
-            w.insert(x.uid.clone(), x.clone());
+            w.insert(x.uid.to_string(), x.clone());
         }
     }
     for x in &delta.upsert_services {
-        if seen.insert(x.key()) && !refused(&x.key()) {
+        if seen.insert(x.key().into()) && !refused(&x.key()) {
             s.insert(x.key(), x.clone());
         }
     }
     for x in &delta.upsert_policies {
-        if seen.insert(x.key()) && !refused(&x.key()) {
+        if seen.insert(x.key().into()) && !refused(&x.key()) {
             p.insert(x.key(), Pol::Readable(x.clone()));
         }
     }
     for x in &delta.upsert_unreadable_policies {
-        if seen.insert(x.key()) && !refused(&x.key()) {
+        if seen.insert(x.key().into()) && !refused(&x.key()) {
             p.insert(x.key(), Pol::Unreadable(x.clone()));
         }
     }
@@ -1160,7 +1160,7 @@ fn random_deltas_match_a_fresh_build() {
             for w in &delta.upsert_workloads {
                 if seen.insert(w.uid.clone()) {
                     clock += 1;
-                    age.insert(w.uid.clone(), clock);
+                    age.insert(w.uid.to_string(), clock);
                 }
             }
             total_rejected += out.rejected.len();
@@ -1175,7 +1175,7 @@ fn random_deltas_match_a_fresh_build() {
                 }
             }
             let mut oldest_first: Vec<Workload> = w.into_values().collect();
-            oldest_first.sort_by_key(|x| age[&x.uid]);
+            oldest_first.sort_by_key(|x| age[x.uid.as_str()]);
             let expected = Snapshot::new(oldest_first, s.into_values().collect(), readable)
                 .expect("accepted items never conflict");
             let expected = {
@@ -1244,7 +1244,7 @@ mod authz {
     fn in_ns(uid: &str, ns: &str, addr: &str, named: &[&str]) -> Workload {
         Workload {
             namespace: ns.into(),
-            authorization_policies: named.iter().map(|s| s.to_string()).collect(),
+            authorization_policies: named.iter().map(|&s| s.into()).collect(),
             ..workload(uid, "", &[addr], &[])
         }
     }

@@ -76,7 +76,7 @@ fn workload(w: &Workload) -> Value {
         "capacity": w.capacity,
         "nativeTunnel": w.native_tunnel,
         "authorizationPolicies": w.authorization_policies,
-        "services": w.services.iter().map(|(k, p)| (k.clone(), ports(p))).collect::<Map<_, _>>(),
+        "services": w.services.iter().map(|(k, p)| (k.to_string(), ports(p))).collect::<Map<_, _>>(),
     });
     let o = o.as_object_mut().expect("an object");
     if let Some(l) = &w.locality {
@@ -112,7 +112,7 @@ fn service(snap: &Snapshot, s: &Service) -> Value {
         .map(|w| {
             let port = w.services.get(&key).map_or(json!({}), |p| ports(p));
             (
-                w.uid.clone(),
+                w.uid.to_string(),
                 json!({ "workloadUid": w.uid, "port": port, "status": status(w.status) }),
             )
         })

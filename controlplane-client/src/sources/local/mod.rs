@@ -22,10 +22,10 @@ use serde::Deserialize;
 
 use crate::model::snapshot::{Snapshot, SnapshotError};
 use crate::model::{
-    is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
+    intern, is_namespaced, or_str, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
     Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
-    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, Visibility,
+    PortMapping, Rule, Service, ServiceAccountMatch, Str, StringMatch, TunnelProtocol, Visibility,
     WeightedWaypoint, Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT,
     DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
 };
@@ -735,29 +735,40 @@ impl RawWorkload {
                 ));
             }
         }
+        // Fields that repeat across workloads are interned (see
+        // model::strings); uid and name are this workload's own.
         Ok(Workload {
-            uid,
-            name: self.name,
-            namespace: self.namespace,
-            service_account: or_default(self.service_account, DEFAULT_SERVICE_ACCOUNT),
-            trust_domain: or_default(self.trust_domain, DEFAULT_TRUST_DOMAIN),
+            uid: Str::from(uid),
+            name: Str::from(self.name),
+            namespace: intern(&self.namespace),
+            service_account: intern(or_str(&self.service_account, DEFAULT_SERVICE_ACCOUNT)),
+            trust_domain: intern(or_str(&self.trust_domain, DEFAULT_TRUST_DOMAIN)),
             addresses: self.workload_ips.into_iter().map(|ip| ip.0).collect(),
-            hostname: self.hostname,
-            network: self.network,
+            hostname: Str::from(self.hostname),
+            network: intern(&self.network),
             protocol: self.protocol.0,
-            node: self.node,
-            canonical_name: self.canonical_name,
-            canonical_revision: self.canonical_revision,
-            workload_name: self.workload_name,
+            node: intern(&self.node),
+            canonical_name: intern(&self.canonical_name),
+            canonical_revision: intern(&self.canonical_revision),
+            workload_name: intern(&self.workload_name),
             workload_type: self.workload_type.0,
             status: self.status.0,
-            cluster_id: self.cluster_id,
-            authorization_policies: self.authorization_policies,
-            services: self.services.0.into(),
+            cluster_id: intern(&self.cluster_id),
+            authorization_policies: self
+                .authorization_policies
+                .iter()
+                .map(|k| intern(k))
+                .collect(),
+            services: self
+                .services
+                .0
+                .into_iter()
+                .map(|(k, v)| (intern(&k), v))
+                .collect(),
             locality: self.locality.map(|l| Locality {
-                region: l.region,
-                zone: l.zone,
-                subzone: l.subzone,
+                region: intern(&l.region),
+                zone: intern(&l.zone),
+                subzone: intern(&l.subzone),
             }),
             network_mode: self.network_mode.0,
             capacity: self.capacity,
@@ -899,12 +910,12 @@ impl RawService {
             ));
         }
         Ok(Service {
-            name: self.name,
-            namespace: self.namespace,
-            hostname: self.hostname,
+            name: intern(&self.name),
+            namespace: intern(&self.namespace),
+            hostname: intern(&self.hostname),
             vips: self.vips.into_iter().map(|v| v.0).collect(),
             ports: self.ports.0,
-            subject_alt_names: self.subject_alt_names,
+            subject_alt_names: self.subject_alt_names.iter().map(|s| intern(s)).collect(),
             waypoint: self.waypoint.map(RawGateway::into_model),
             load_balancer: self.load_balancer.map(|lb| LoadBalancer {
                 routing_preferences: lb.routing_preferences.into_iter().map(|s| s.0).collect(),
@@ -916,7 +927,7 @@ impl RawService {
                 .cidr_vips
                 .into_iter()
                 .map(|c| NetworkCidr {
-                    network: c.network,
+                    network: intern(&c.network),
                     cidr: c.cidr.0,
                 })
                 .collect(),
@@ -1304,7 +1315,7 @@ impl<'de> Deserialize<'de> for Vip {
             let (network, ip) = s.split_once('/').unwrap_or(("", s));
             match ip.parse() {
                 Ok(ip) => Ok(NetworkAddress {
-                    network: network.to_owned(),
+                    network: intern(network),
                     ip,
                 }),
                 Err(_) => Err(format!(
@@ -1324,21 +1335,21 @@ impl<'de> Deserialize<'de> for GatewayDest {
         deserialize_parsed(d, "\"namespace/hostname\", \"network/IP\" or an IP", |s| {
             if let Ok(ip) = s.parse() {
                 return Ok(GatewayDestination::Address(NetworkAddress {
-                    network: String::new(),
+                    network: Str::new(),
                     ip,
                 }));
             }
             match s.split_once('/') {
                 Some((network, ip)) if ip.parse::<IpAddr>().is_ok() => {
                     Ok(GatewayDestination::Address(NetworkAddress {
-                        network: network.to_owned(),
+                        network: intern(network),
                         ip: ip.parse().expect("checked above"),
                     }))
                 }
                 Some((namespace, hostname)) if is_namespaced(s) => {
                     Ok(GatewayDestination::Hostname(NamespacedHostname {
-                        namespace: namespace.to_owned(),
-                        hostname: hostname.to_owned(),
+                        namespace: intern(namespace),
+                        hostname: intern(hostname),
                     }))
                 }
                 _ => Err(format!(

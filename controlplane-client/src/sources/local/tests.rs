@@ -52,7 +52,7 @@ fn example_config_parses() {
     assert_eq!(
         svc.vips,
         [NetworkAddress {
-            network: String::new(),
+            network: String::new().into(),
             ip: ip("127.10.0.1")
         }]
     );
@@ -859,7 +859,7 @@ services:
     assert_eq!(
         s.cidr_vips,
         [NetworkCidr {
-            network: String::new(),
+            network: String::new().into(),
             cidr: Cidr::new(ip("10.96.0.0"), 16).unwrap()
         }]
     );

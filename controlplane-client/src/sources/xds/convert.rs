@@ -46,12 +46,12 @@ use ringway_proto::workload as wpb;
 use ringway_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
 use crate::model::{
-    is_namespaced, or_default, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
+    intern, is_namespaced, or_str, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
     Match, NamespacedHostname, NetworkAddress, NetworkMode, Policy, PolicyAction, PolicyScope,
-    PortMapping, Rule, Service, ServiceAccountMatch, StringMatch, TunnelProtocol, UnreadablePolicy,
-    Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT, DEFAULT_SERVICE_ACCOUNT,
-    DEFAULT_TRUST_DOMAIN,
+    PortMapping, Rule, Service, ServiceAccountMatch, Str, StringMatch, TunnelProtocol,
+    UnreadablePolicy, Workload, WorkloadStatus, WorkloadType, DEFAULT_HBONE_MTLS_PORT,
+    DEFAULT_SERVICE_ACCOUNT, DEFAULT_TRUST_DOMAIN,
 };
 use crate::model::{IpFamilies, NetworkCidr, Visibility, WeightedWaypoint};
 
@@ -98,7 +98,7 @@ impl AddressResource {
     /// "namespace/hostname".
     pub fn name(&self) -> String {
         match self {
-            AddressResource::Workload(w) => w.uid.clone(),
+            AddressResource::Workload(w) => w.uid.to_string(),
             AddressResource::Service(s) => s.key(),
         }
     }
@@ -296,7 +296,7 @@ pub fn workload_from_proto(w: wpb::Workload) -> Result<Workload> {
         }
         let ports = ports_from_proto(&list.ports)
             .map_err(|e| e.within(format_args!("services[{key:?}]")))?;
-        services.insert(key, ports);
+        services.insert(intern(&key), ports);
     }
     let waypoint = w
         .waypoint
@@ -321,29 +321,31 @@ pub fn workload_from_proto(w: wpb::Workload) -> Result<Workload> {
             Ok(ApplicationTunnel { protocol, port })
         })
         .transpose()?;
+    // Fields that repeat across workloads are interned (see
+    // model::strings); uid and name are this workload's own.
     Ok(Workload {
-        uid: w.uid,
-        name: w.name,
-        namespace: w.namespace,
-        service_account: or_default(w.service_account, DEFAULT_SERVICE_ACCOUNT),
-        trust_domain: or_default(w.trust_domain, DEFAULT_TRUST_DOMAIN),
+        uid: Str::from(w.uid),
+        name: Str::from(w.name),
+        namespace: intern(&w.namespace),
+        service_account: intern(or_str(&w.service_account, DEFAULT_SERVICE_ACCOUNT)),
+        trust_domain: intern(or_str(&w.trust_domain, DEFAULT_TRUST_DOMAIN)),
         addresses,
-        hostname: w.hostname,
-        network: w.network,
+        hostname: Str::from(w.hostname),
+        network: intern(&w.network),
         protocol,
-        node: w.node,
-        canonical_name: w.canonical_name,
-        canonical_revision: w.canonical_revision,
-        workload_name: w.workload_name,
+        node: intern(&w.node),
+        canonical_name: intern(&w.canonical_name),
+        canonical_revision: intern(&w.canonical_revision),
+        workload_name: intern(&w.workload_name),
         workload_type,
         status,
-        cluster_id: w.cluster_id,
-        authorization_policies: w.authorization_policies,
+        cluster_id: intern(&w.cluster_id),
+        authorization_policies: w.authorization_policies.iter().map(|k| intern(k)).collect(),
         services: services.into(),
         locality: w.locality.map(|l| Locality {
-            region: l.region,
-            zone: l.zone,
-            subzone: l.subzone,
+            region: intern(&l.region),
+            zone: intern(&l.zone),
+            subzone: intern(&l.subzone),
         }),
         network_mode,
         capacity: w.capacity.unwrap_or(1),
@@ -373,14 +375,14 @@ pub fn service_from_proto(s: wpb::Service) -> Result<Service> {
             if len < u32::from(max) {
                 let cidr = Cidr::new(ip, len as u8).expect("length checked");
                 cidr_vips.push(NetworkCidr {
-                    network: a.network.clone(),
+                    network: intern(&a.network),
                     cidr,
                 });
                 continue;
             }
         }
         vips.push(NetworkAddress {
-            network: a.network.clone(),
+            network: intern(&a.network),
             ip,
         });
     }
@@ -418,12 +420,12 @@ pub fn service_from_proto(s: wpb::Service) -> Result<Service> {
         .map(|lb| load_balancing_from_proto(lb).map_err(|e| e.within("load_balancing")))
         .transpose()?;
     Ok(Service {
-        name: s.name,
-        namespace: s.namespace,
-        hostname: s.hostname,
+        name: intern(&s.name),
+        namespace: intern(&s.namespace),
+        hostname: intern(&s.hostname),
         vips,
         ports,
-        subject_alt_names: s.subject_alt_names,
+        subject_alt_names: s.subject_alt_names.iter().map(|n| intern(n)).collect(),
         waypoint,
         load_balancer,
         canonical: s.canonical,
@@ -475,14 +477,14 @@ fn gateway_from_proto(g: wpb::GatewayAddress) -> Result<GatewayAddress> {
             non_empty("hostname.namespace", &h.namespace)?;
             non_empty("hostname.hostname", &h.hostname)?;
             GatewayDestination::Hostname(NamespacedHostname {
-                namespace: h.namespace,
-                hostname: h.hostname,
+                namespace: intern(&h.namespace),
+                hostname: intern(&h.hostname),
             })
         }
         Some(wpb::gateway_address::Destination::Address(a)) => {
             let ip = ip_from_bytes(&a.address).map_err(|e| e.within("address"))?;
             GatewayDestination::Address(NetworkAddress {
-                network: a.network,
+                network: intern(&a.network),
                 ip,
             })
         }
@@ -674,30 +676,30 @@ fn unknown_enum(field: impl fmt::Display, value: i32) -> String {
 
 pub fn workload_to_proto(w: &Workload) -> wpb::Workload {
     wpb::Workload {
-        uid: w.uid.clone(),
-        name: w.name.clone(),
-        namespace: w.namespace.clone(),
+        uid: w.uid.to_string(),
+        name: w.name.to_string(),
+        namespace: w.namespace.to_string(),
         addresses: w.addresses.iter().map(|ip| ip_to_bytes(*ip)).collect(),
-        hostname: w.hostname.clone(),
-        network: w.network.clone(),
+        hostname: w.hostname.to_string(),
+        network: w.network.to_string(),
         tunnel_protocol: match w.protocol {
             TunnelProtocol::None => wpb::TunnelProtocol::None,
             TunnelProtocol::Hbone => wpb::TunnelProtocol::Hbone,
         } as i32,
-        trust_domain: w.trust_domain.clone(),
-        service_account: w.service_account.clone(),
+        trust_domain: w.trust_domain.to_string(),
+        service_account: w.service_account.to_string(),
         waypoint: w.waypoint.as_ref().map(gateway_to_proto),
         network_gateway: w.network_gateway.as_ref().map(gateway_to_proto),
-        node: w.node.clone(),
-        canonical_name: w.canonical_name.clone(),
-        canonical_revision: w.canonical_revision.clone(),
+        node: w.node.to_string(),
+        canonical_name: w.canonical_name.to_string(),
+        canonical_revision: w.canonical_revision.to_string(),
         workload_type: match w.workload_type {
             WorkloadType::Deployment => wpb::WorkloadType::Deployment,
             WorkloadType::CronJob => wpb::WorkloadType::Cronjob,
             WorkloadType::Pod => wpb::WorkloadType::Pod,
             WorkloadType::Job => wpb::WorkloadType::Job,
         } as i32,
-        workload_name: w.workload_name.clone(),
+        workload_name: w.workload_name.to_string(),
         native_tunnel: w.native_tunnel,
         application_tunnel: w
             .application_tunnel
@@ -714,23 +716,27 @@ pub fn workload_to_proto(w: &Workload) -> wpb::Workload {
             .iter()
             .map(|(k, ports)| {
                 (
-                    k.clone(),
+                    k.to_string(),
                     wpb::PortList {
                         ports: ports_to_proto(ports),
                     },
                 )
             })
             .collect::<HashMap<_, _>>(),
-        authorization_policies: w.authorization_policies.clone(),
+        authorization_policies: w
+            .authorization_policies
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         status: match w.status {
             WorkloadStatus::Healthy => wpb::WorkloadStatus::Healthy,
             WorkloadStatus::Unhealthy => wpb::WorkloadStatus::Unhealthy,
         } as i32,
-        cluster_id: w.cluster_id.clone(),
+        cluster_id: w.cluster_id.to_string(),
         locality: w.locality.as_ref().map(|l| wpb::Locality {
-            region: l.region.clone(),
-            zone: l.zone.clone(),
-            subzone: l.subzone.clone(),
+            region: l.region.to_string(),
+            zone: l.zone.to_string(),
+            subzone: l.subzone.to_string(),
         }),
         network_mode: match w.network_mode {
             NetworkMode::Standard => wpb::NetworkMode::Standard,
@@ -743,19 +749,19 @@ pub fn workload_to_proto(w: &Workload) -> wpb::Workload {
 
 pub fn service_to_proto(s: &Service) -> wpb::Service {
     wpb::Service {
-        name: s.name.clone(),
-        namespace: s.namespace.clone(),
-        hostname: s.hostname.clone(),
+        name: s.name.to_string(),
+        namespace: s.namespace.to_string(),
+        hostname: s.hostname.to_string(),
         addresses: s
             .vips
             .iter()
             .map(|v| wpb::NetworkAddress {
-                network: v.network.clone(),
+                network: v.network.to_string(),
                 address: ip_to_bytes(v.ip),
                 length: None,
             })
             .chain(s.cidr_vips.iter().map(|c| wpb::NetworkAddress {
-                network: c.network.clone(),
+                network: c.network.to_string(),
                 address: ip_to_bytes(c.cidr.addr),
                 length: Some(u32::from(c.cidr.prefix_len)),
             }))
@@ -779,7 +785,11 @@ pub fn service_to_proto(s: &Service) -> wpb::Service {
             })
             .collect(),
         ports: ports_to_proto(&s.ports),
-        subject_alt_names: s.subject_alt_names.clone(),
+        subject_alt_names: s
+            .subject_alt_names
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         waypoint: s.waypoint.as_ref().map(gateway_to_proto),
         load_balancing: s.load_balancer.as_ref().map(|lb| {
             use wpb::load_balancing::{HealthPolicy, Mode, Scope};
@@ -832,13 +842,13 @@ fn gateway_to_proto(g: &GatewayAddress) -> wpb::GatewayAddress {
         destination: Some(match &g.destination {
             GatewayDestination::Hostname(h) => {
                 wpb::gateway_address::Destination::Hostname(wpb::NamespacedHostname {
-                    namespace: h.namespace.clone(),
-                    hostname: h.hostname.clone(),
+                    namespace: h.namespace.to_string(),
+                    hostname: h.hostname.to_string(),
                 })
             }
             GatewayDestination::Address(a) => {
                 wpb::gateway_address::Destination::Address(wpb::NetworkAddress {
-                    network: a.network.clone(),
+                    network: a.network.to_string(),
                     address: ip_to_bytes(a.ip),
                     length: None,
                 })

@@ -532,7 +532,7 @@ fn istiods_strict_policy_refuses_plaintext() {
     let policy = decode_authorization_resource(&res).unwrap();
     assert_eq!(policy.key(), "istio-system/istio_converted_static_strict");
     let compiled = vec![std::sync::Arc::new(CompiledPolicy::compile(&policy))];
-    let named = vec![policy.key()];
+    let named: Vec<crate::model::Str> = vec![policy.key().into()];
     let selected = Selected {
         namespace: ByAction::default(),
         global: ByAction::default(),

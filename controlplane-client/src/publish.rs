@@ -192,7 +192,7 @@ mod tests {
         Snapshot::new(
             vec![Workload {
                 uid: uid.into(),
-                addresses: vec!["10.0.0.1".parse().unwrap()],
+                addresses: vec!["10.0.0.1".parse().unwrap()].into(),
                 ..Workload::default()
             }],
             vec![],

@@ -214,7 +214,7 @@ fn handshake(client: &TlsConfigs, server: &TlsConfigs) -> Result<(Identity, Iden
 fn workload(uid: &str, node: &str, ns: &str, sa: &str, ip: u8) -> Workload {
     Workload {
         uid: uid.into(),
-        addresses: vec![std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 0, ip))],
+        addresses: vec![std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 0, ip))].into(),
         node: node.into(),
         namespace: ns.into(),
         service_account: sa.into(),

@@ -399,7 +399,7 @@ fn workload(uid: &str, addr: &str) -> Workload {
         uid: uid.into(),
         name: uid.into(),
         namespace: "default".into(),
-        addresses: vec![ip(addr)],
+        addresses: vec![ip(addr)].into(),
         ..Workload::default()
     }
 }

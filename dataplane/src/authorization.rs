@@ -419,7 +419,7 @@ policies:
         let bob = admit(&registry, &unselected, &c, from(BOB, "10.0.0.2:80")).unwrap();
         let _alice = admit(&registry, &unselected, &c, from(ALICE, "10.0.0.2:80")).unwrap();
         let mut srv = (**unselected.workload_by_uid("srv").unwrap()).clone();
-        srv.authorization_policies = vec!["shop/deny-bob".into()];
+        srv.authorization_policies = vec!["shop/deny-bob".into()].into();
         let selected = unselected
             .apply(ringway_controlplane::SnapshotDelta {
                 upsert_workloads: vec![srv],

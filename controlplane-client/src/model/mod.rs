@@ -41,7 +41,7 @@ pub struct Workload {
     pub namespace: Str,
     pub service_account: Str,
     pub trust_domain: Str,
-    pub addresses: Vec<IpAddr>,
+    pub addresses: Box<[IpAddr]>,
     pub hostname: Str,
     pub network: Str,
     pub protocol: TunnelProtocol,
@@ -54,7 +54,7 @@ pub struct Workload {
     pub cluster_id: Str,
     /// Policy keys ("ns/name") selected for this workload (scope
     /// `WorkloadSelector`); unknown keys are to be skipped, not fatal.
-    pub authorization_policies: Vec<Str>,
+    pub authorization_policies: Box<[Str]>,
     /// Services this workload backs, keyed "ns/hostname", with the port
     /// mapping as seen from this workload (target ports are per pod).
     pub services: ServicePorts,
@@ -62,8 +62,10 @@ pub struct Workload {
     pub network_mode: NetworkMode,
     /// Relative load-balancing weight.
     pub capacity: u32,
-    pub waypoint: Option<GatewayAddress>,
-    pub network_gateway: Option<GatewayAddress>,
+    /// Boxed, as `network_gateway`: most workloads have neither, and inline
+    /// the two cost 80 bytes on every workload.
+    pub waypoint: Option<Box<GatewayAddress>>,
+    pub network_gateway: Option<Box<GatewayAddress>>,
     pub native_tunnel: bool,
     pub application_tunnel: Option<ApplicationTunnel>,
 }
@@ -76,7 +78,7 @@ impl Default for Workload {
             namespace: Str::new(),
             service_account: Str::from(DEFAULT_SERVICE_ACCOUNT),
             trust_domain: Str::from(DEFAULT_TRUST_DOMAIN),
-            addresses: Vec::new(),
+            addresses: Box::default(),
             hostname: Str::new(),
             network: Str::new(),
             protocol: TunnelProtocol::default(),
@@ -87,7 +89,7 @@ impl Default for Workload {
             workload_type: WorkloadType::default(),
             status: WorkloadStatus::default(),
             cluster_id: Str::new(),
-            authorization_policies: Vec::new(),
+            authorization_policies: Box::default(),
             services: ServicePorts::default(),
             locality: None,
             network_mode: NetworkMode::default(),
@@ -614,7 +616,7 @@ mod tests {
 /// B-tree leaf costs ~530 bytes even for one entry — at 100k workloads that
 /// alone broke the 1 KiB-per-workload budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ServicePorts(Vec<(Str, Vec<PortMapping>)>);
+pub struct ServicePorts(Box<[(Str, Vec<PortMapping>)]>);
 
 impl ServicePorts {
     fn find(&self, key: &str) -> Result<usize, usize> {
@@ -636,11 +638,16 @@ impl ServicePorts {
         ports: Vec<PortMapping>,
     ) -> Option<Vec<PortMapping>> {
         let key = key.into();
+        let mut ports = ports;
+        ports.shrink_to_fit();
         match self.find(&key) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, ports)),
             Err(i) => {
-                self.0.insert(i, (key, ports));
-                self.0.shrink_to_fit();
+                // Exact-size storage: rebuilt on insert, which only config
+                // sources do, a few entries at a time.
+                let mut v = std::mem::take(&mut self.0).into_vec();
+                v.insert(i, (key, ports));
+                self.0 = v.into_boxed_slice();
                 None
             }
         }
@@ -676,9 +683,14 @@ impl<K: Into<Str>> FromIterator<(K, Vec<PortMapping>)> for ServicePorts {
 impl<K: Into<Str>> From<BTreeMap<K, Vec<PortMapping>>> for ServicePorts {
     fn from(map: BTreeMap<K, Vec<PortMapping>>) -> Self {
         // Already sorted and unique (a key's order is its text's).
-        let mut v: Vec<_> = map.into_iter().map(|(k, p)| (k.into(), p)).collect();
-        v.shrink_to_fit();
-        ServicePorts(v)
+        ServicePorts(
+            map.into_iter()
+                .map(|(k, mut p)| {
+                    p.shrink_to_fit();
+                    (k.into(), p)
+                })
+                .collect(),
+        )
     }
 }
 
@@ -692,7 +704,7 @@ impl IntoIterator for ServicePorts {
     type Item = (Str, Vec<PortMapping>);
     type IntoIter = std::vec::IntoIter<(Str, Vec<PortMapping>)>;
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
+        self.0.into_vec().into_iter()
     }
 }
 

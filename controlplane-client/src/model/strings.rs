@@ -104,3 +104,12 @@ mod tests {
         assert!(Str::ptr_eq(&kept, &intern("sweep-test-kept")));
     }
 }
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn probe() {
+        use crate::model::*;
+        eprintln!("PROBE Workload {} Service {} GatewayAddress {} Option<GatewayAddress> {} Locality {} ServicePorts {} NetworkAddress {}",
+            std::mem::size_of::<Workload>(), std::mem::size_of::<Service>(), std::mem::size_of::<GatewayAddress>(), std::mem::size_of::<Option<GatewayAddress>>(), std::mem::size_of::<Locality>(), std::mem::size_of::<ServicePorts>(), std::mem::size_of::<NetworkAddress>());
+    }
+}

@@ -197,7 +197,7 @@ pub(crate) mod tests {
     pub(crate) fn workload(uid: &str, ip: &str, node: &str, ns: &str, sa: &str) -> Workload {
         Workload {
             uid: uid.into(),
-            addresses: vec![ip.parse().unwrap()],
+            addresses: vec![ip.parse().unwrap()].into(),
             node: node.into(),
             namespace: ns.into(),
             service_account: sa.into(),

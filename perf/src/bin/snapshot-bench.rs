@@ -85,7 +85,7 @@ fn workload(i: usize, generation: u32) -> Workload {
         uid: format!("Kubernetes//Pod/{ns}/{pod}").into(),
         name: pod.into(),
         service_account: app.clone().into(),
-        addresses: vec![pod_ip(i, generation)],
+        addresses: vec![pod_ip(i, generation)].into(),
         protocol: TunnelProtocol::Hbone,
         node: format!("node-{:04}.cluster.internal", i % 1000).into(),
         canonical_name: app.clone().into(),

@@ -587,7 +587,7 @@ fn is_waypoint_of(snap: &Snapshot, network: &str, local: &Workload, ip: IpAddr) 
         Some(s) => s.waypoint.as_ref(),
         None => snap
             .workload_by_addr(network, ip)
-            .and_then(|w| w.waypoint.as_ref()),
+            .and_then(|w| w.waypoint.as_deref()),
     };
     waypoint.is_some_and(|gw| gateway_has(snap, network, gw, |w| w.uid == local.uid))
 }

@@ -507,7 +507,7 @@ fn an_unreachable_waypoint_refuses_rather_than_bypassing_it() {
 fn a_workload_waypoint_applies_when_the_workload_is_addressed_directly() {
     let (wp, wp_svc) = waypoint_workloads();
     let mut web_pod = pod("web-1", &["10.0.1.1"], &[(WEB, &[(80, 8080)])]);
-    web_pod.waypoint = waypoint_by_host("waypoint.ns.svc.cluster.local");
+    web_pod.waypoint = (waypoint_by_host("waypoint.ns.svc.cluster.local")).map(Box::new);
     let s = snap(
         vec![pod("client", &["10.0.0.1"], &[]), web_pod, wp],
         vec![svc("web.ns.svc.cluster.local", "10.96.0.10", 8080), wp_svc],
@@ -752,7 +752,7 @@ fn weighted_waypoints_are_used_when_no_single_waypoint_is_given() {
 #[test]
 fn a_waypoint_source_without_addresses_does_not_panic() {
     let (mut wp, wp_svc) = waypoint_workloads();
-    wp.addresses.clear();
+    wp.addresses = Box::default();
     let web = Service {
         waypoint: waypoint_by_host("waypoint.ns.svc.cluster.local"),
         ..svc("web.ns.svc.cluster.local", "10.96.0.10", 8080)
@@ -780,7 +780,7 @@ fn inbound_streams_go_to_the_dialled_workload_with_its_app_tunnel_and_sandwich_e
     let mut web = svc("web.ns.svc.cluster.local", "10.96.0.10", 8080);
     web.waypoint = waypoint_by_host("waypoint.ns.svc.cluster.local");
     let mut db = pod("db", &["10.0.0.3"], &[]);
-    db.waypoint = waypoint_at("10.0.9.9", 15008);
+    db.waypoint = (waypoint_at("10.0.9.9", 15008)).map(Box::new);
     let plain = pod("plain", &["10.0.0.4"], &[]);
     let mut tunnelled = pod("tunnelled", &["10.0.0.5"], &[]);
     tunnelled.application_tunnel = Some(ApplicationTunnel {

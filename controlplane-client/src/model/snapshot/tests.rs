@@ -964,9 +964,11 @@ const HOSTS: [&str; 5] = ["a.local", "b.local", "c.local", "d.local", "e.local"]
 fn random_workload(rng: &mut Rng) -> Workload {
     let mut w = workload(&format!("w{}", rng.below(30)), "", &[], &[]);
     w.network = NETWORKS[rng.below(2)].into();
+    let mut addresses = Vec::new();
     for _ in 0..rng.below(3) {
-        w.addresses.push(ip(&format!("10.0.0.{}", rng.below(24))));
+        addresses.push(ip(&format!("10.0.0.{}", rng.below(24))));
     }
+    w.addresses = addresses.into();
     for _ in 0..rng.below(3) {
         let key = format!("{}/{}", NAMESPACES[rng.below(3)], HOSTS[rng.below(5)]);
         w.services.insert(key, vec![]);

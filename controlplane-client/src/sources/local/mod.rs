@@ -772,8 +772,8 @@ impl RawWorkload {
             }),
             network_mode: self.network_mode.0,
             capacity: self.capacity,
-            waypoint: self.waypoint.map(RawGateway::into_model),
-            network_gateway: self.network_gateway.map(RawGateway::into_model),
+            waypoint: self.waypoint.map(|g| Box::new(g.into_model())),
+            network_gateway: self.network_gateway.map(|g| Box::new(g.into_model())),
             native_tunnel: self.native_tunnel,
             application_tunnel: self.application_tunnel.map(|t| ApplicationTunnel {
                 protocol: t.protocol.0,

@@ -27,7 +27,7 @@ fn example_config_parses() {
     let hbone = &workloads[0];
     assert_eq!(hbone.uid, "cluster1//v1/Pod/default/echo-hbone");
     assert_eq!(hbone.protocol, TunnelProtocol::Hbone);
-    assert_eq!(hbone.addresses, [ip("127.0.0.1")]);
+    assert_eq!(hbone.addresses, [ip("127.0.0.1")].into());
     assert_eq!(
         hbone.spiffe_id(),
         "spiffe://cluster.local/ns/default/sa/echo"
@@ -39,7 +39,7 @@ fn example_config_parses() {
             target_port: 8080
         }]
     );
-    assert_eq!(hbone.authorization_policies, ["default/echo-allow-local"]);
+    assert_eq!(hbone.authorization_policies, [Str::from("default/echo-allow-local")].into());
     assert_eq!(
         workloads
             .iter()
@@ -156,7 +156,7 @@ policies:
         namespace: "ns1".into(),
         service_account: "sa1".into(),
         trust_domain: "example.org".into(),
-        addresses: vec![ip("10.0.0.1"), ip("fd00::1")],
+        addresses: vec![ip("10.0.0.1"), ip("fd00::1")].into(),
         hostname: "w1.example".into(),
         network: "net1".into(),
         protocol: TunnelProtocol::Hbone,
@@ -167,7 +167,7 @@ policies:
         workload_type: WorkloadType::CronJob,
         status: WorkloadStatus::Unhealthy,
         cluster_id: "c1".into(),
-        authorization_policies: vec!["ns1/p1".into()],
+        authorization_policies: vec!["ns1/p1".into()].into(),
         services: [(
             "ns1/svc.example".to_string(),
             vec![
@@ -189,20 +189,20 @@ policies:
         }),
         network_mode: NetworkMode::HostNetwork,
         capacity: 3,
-        waypoint: Some(GatewayAddress {
+        waypoint: Some(Box::new(GatewayAddress {
             destination: GatewayDestination::Hostname(NamespacedHostname {
                 namespace: "ns1".into(),
                 hostname: "waypoint.ns1.svc.cluster.local".into(),
             }),
             hbone_mtls_port: 15008,
-        }),
-        network_gateway: Some(GatewayAddress {
+        })),
+        network_gateway: Some(Box::new(GatewayAddress {
             destination: GatewayDestination::Address(NetworkAddress {
                 network: "net1".into(),
                 ip: ip("192.0.2.1"),
             }),
             hbone_mtls_port: 15009,
-        }),
+        })),
         native_tunnel: true,
         application_tunnel: Some(ApplicationTunnel {
             protocol: ApplicationTunnelProtocol::Proxy,

@@ -12,7 +12,7 @@ fn full_workload() -> Workload {
         namespace: "shop".into(),
         service_account: "cart".into(),
         trust_domain: "example.org".into(),
-        addresses: vec![ip("10.0.0.5"), ip("fd00::5")],
+        addresses: vec![ip("10.0.0.5"), ip("fd00::5")].into(),
         hostname: "cart-1.shop".into(),
         network: "net1".into(),
         protocol: TunnelProtocol::Hbone,
@@ -23,7 +23,7 @@ fn full_workload() -> Workload {
         workload_type: WorkloadType::Pod,
         status: WorkloadStatus::Unhealthy,
         cluster_id: "cluster1".into(),
-        authorization_policies: vec!["shop/allow-cart".into()],
+        authorization_policies: vec!["shop/allow-cart".into()].into(),
         services: [(
             "shop/cart.shop.svc.cluster.local".to_string(),
             vec![PortMapping {
@@ -40,20 +40,20 @@ fn full_workload() -> Workload {
         }),
         network_mode: NetworkMode::Standard,
         capacity: 3,
-        waypoint: Some(GatewayAddress {
+        waypoint: Some(Box::new(GatewayAddress {
             destination: GatewayDestination::Hostname(NamespacedHostname {
                 namespace: "shop".into(),
                 hostname: "waypoint.shop.svc.cluster.local".into(),
             }),
             hbone_mtls_port: 15008,
-        }),
-        network_gateway: Some(GatewayAddress {
+        })),
+        network_gateway: Some(Box::new(GatewayAddress {
             destination: GatewayDestination::Address(NetworkAddress {
                 network: "net2".into(),
                 ip: ip("192.0.2.9"),
             }),
             hbone_mtls_port: 15009,
-        }),
+        })),
         native_tunnel: true,
         application_tunnel: Some(ApplicationTunnel {
             protocol: ApplicationTunnelProtocol::Proxy,

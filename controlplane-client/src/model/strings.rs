@@ -22,6 +22,25 @@ use hashbrown::HashSet;
 /// An immutable, cheaply cloned string: 8 bytes, refcounted.
 pub type Str = arcstr::ArcStr;
 
+/// A slice of a [`Str`] that shares its allocation: 16 bytes. What a
+/// workload's name is, since Kubernetes uids end with it
+/// (`<cluster>//Pod/<ns>/<name>`); see [`name_within`].
+pub type SubStr = arcstr::Substr;
+
+/// `name` as a slice of `uid` when `uid` ends with `/<name>` (Istio's uids
+/// for pods and workload entries do), so the two share one allocation;
+/// otherwise a string of its own.
+pub fn name_within(uid: &Str, name: &str) -> SubStr {
+    let (Some(start), true) = (uid.len().checked_sub(name.len()), uid.ends_with(name)) else {
+        return SubStr::from(name);
+    };
+    if !name.is_empty() && uid[..start].ends_with('/') {
+        uid.substr(start..)
+    } else {
+        SubStr::from(name)
+    }
+}
+
 struct Interner {
     set: HashSet<Str, foldhash::fast::FixedState>,
     /// Sweep when the set reaches this size.
@@ -89,6 +108,21 @@ mod tests {
     }
 
     #[test]
+    fn a_name_shares_its_uid() {
+        let uid = Str::from("Kubernetes//Pod/shop/cart-7d9f8c6b5-x2x4z");
+        let name = name_within(&uid, "cart-7d9f8c6b5-x2x4z");
+        assert_eq!(name, "cart-7d9f8c6b5-x2x4z");
+        assert!(Str::ptr_eq(name.parent(), &uid));
+        // Not a whole trailing segment, not a suffix, empty: its own copy.
+        for other in ["x2x4z", "cart", ""] {
+            let n = name_within(&uid, other);
+            assert_eq!(n, other);
+            assert!(!Str::ptr_eq(n.parent(), &uid));
+        }
+        assert_eq!(name_within(&Str::from("a"), "long-name"), "long-name");
+    }
+
+    #[test]
     fn unused_strings_are_swept() {
         // Fill past a sweep point with strings nobody keeps.
         for i in 0..(FIRST_SWEEP * 3) {
@@ -102,14 +136,5 @@ mod tests {
         // without sweeping it would hold 6 × FIRST_SWEEP strings.
         assert!(interned_len() < FIRST_SWEEP * 5, "{}", interned_len());
         assert!(Str::ptr_eq(&kept, &intern("sweep-test-kept")));
-    }
-}
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn probe() {
-        use crate::model::*;
-        eprintln!("PROBE Workload {} Service {} GatewayAddress {} Option<GatewayAddress> {} Locality {} ServicePorts {} NetworkAddress {}",
-            std::mem::size_of::<Workload>(), std::mem::size_of::<Service>(), std::mem::size_of::<GatewayAddress>(), std::mem::size_of::<Option<GatewayAddress>>(), std::mem::size_of::<Locality>(), std::mem::size_of::<ServicePorts>(), std::mem::size_of::<NetworkAddress>());
     }
 }

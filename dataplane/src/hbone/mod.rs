@@ -292,9 +292,9 @@ pub fn baggage(w: &ringway_controlplane::model::Workload) -> String {
     };
     let kind_key = format!("k8s.{kind}.name");
     let workload_name = if w.workload_name.is_empty() {
-        &w.name
+        &*w.name
     } else {
-        &w.workload_name
+        &*w.workload_name
     };
     let (region, zone) = w
         .locality

@@ -21,6 +21,7 @@ use serde::de::{self, Deserializer, EnumAccess, MapAccess, VariantAccess, Visito
 use serde::Deserialize;
 
 use crate::model::snapshot::{Snapshot, SnapshotError};
+use crate::model::strings::name_within;
 use crate::model::{
     intern, is_namespaced, or_str, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
@@ -737,9 +738,10 @@ impl RawWorkload {
         }
         // Fields that repeat across workloads are interned (see
         // model::strings); uid and name are this workload's own.
+        let uid = Str::from(uid);
         Ok(Workload {
-            uid: Str::from(uid),
-            name: Str::from(self.name),
+            name: name_within(&uid, &self.name),
+            uid,
             namespace: intern(&self.namespace),
             service_account: intern(or_str(&self.service_account, DEFAULT_SERVICE_ACCOUNT)),
             trust_domain: intern(or_str(&self.trust_domain, DEFAULT_TRUST_DOMAIN)),

@@ -39,7 +39,10 @@ fn example_config_parses() {
             target_port: 8080
         }]
     );
-    assert_eq!(hbone.authorization_policies, [Str::from("default/echo-allow-local")].into());
+    assert_eq!(
+        hbone.authorization_policies,
+        [Str::from("default/echo-allow-local")].into()
+    );
     assert_eq!(
         workloads
             .iter()

@@ -45,6 +45,7 @@ use ringway_proto::security as spb;
 use ringway_proto::workload as wpb;
 use ringway_proto::{ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL};
 
+use crate::model::strings::name_within;
 use crate::model::{
     intern, is_namespaced, or_str, ApplicationTunnel, ApplicationTunnelProtocol, Cidr, Clause,
     GatewayAddress, GatewayDestination, LbHealthPolicy, LbMode, LbScope, LoadBalancer, Locality,
@@ -323,9 +324,10 @@ pub fn workload_from_proto(w: wpb::Workload) -> Result<Workload> {
         .transpose()?;
     // Fields that repeat across workloads are interned (see
     // model::strings); uid and name are this workload's own.
+    let uid = Str::from(w.uid);
     Ok(Workload {
-        uid: Str::from(w.uid),
-        name: Str::from(w.name),
+        name: name_within(&uid, &w.name),
+        uid,
         namespace: intern(&w.namespace),
         service_account: intern(or_str(&w.service_account, DEFAULT_SERVICE_ACCOUNT)),
         trust_domain: intern(or_str(&w.trust_domain, DEFAULT_TRUST_DOMAIN)),

@@ -162,6 +162,58 @@ pub struct CoreStats {
     pub tasks: Counter,
     /// In-pod mode: enrolled pods whose listeners the core serves.
     pub pods: Counter,
+    /// From a config message's arrival to this core serving the snapshot
+    /// built from it.
+    pub propagation: Propagation,
+}
+
+/// Bucket bounds of [`Propagation`], in microseconds.
+pub const PROPAGATION_BUCKETS_US: [u64; 12] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
+/// A Prometheus histogram of config propagation times, written by its
+/// core only (single writer: plain counters, no locked instructions).
+#[derive(Default, Debug)]
+pub struct Propagation {
+    /// Cumulative counts are rendered; these are per bucket (the last one
+    /// is +Inf).
+    buckets: [Counter; PROPAGATION_BUCKETS_US.len() + 1],
+    sum_us: Counter,
+}
+
+impl Propagation {
+    pub fn record(&self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let i = PROPAGATION_BUCKETS_US.partition_point(|&b| b < us);
+        self.buckets[i].add(1);
+        self.sum_us.add(us);
+    }
+
+    fn render(&self, out: &mut String, name: &str, core: usize) {
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.get();
+            match PROPAGATION_BUCKETS_US.get(i) {
+                Some(us) => {
+                    let le = *us as f64 / 1e6;
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{core=\"{core}\",le=\"{le}\"}} {cumulative}"
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{{core=\"{core}\",le=\"+Inf\"}} {cumulative}"
+                    );
+                }
+            }
+        }
+        let sum = self.sum_us.get() as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{{core=\"{core}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{core=\"{core}\"}} {cumulative}");
+    }
 }
 
 /// A core's metrics.
@@ -469,6 +521,16 @@ impl MetricsHub {
             for (i, s) in cores.iter().enumerate() {
                 let _ = writeln!(out, "{name}{{core=\"{i}\"}} {}", get(s));
             }
+        }
+        let name = "ringway_core_config_propagation_seconds";
+        gauge(
+            &mut out,
+            name,
+            "histogram",
+            "From a config message's arrival (xDS response, changed file) to a core serving the snapshot built from it",
+        );
+        for (i, s) in cores.iter().enumerate() {
+            s.propagation.render(&mut out, name, i);
         }
         out
     }

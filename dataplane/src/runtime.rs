@@ -275,7 +275,11 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                     version = snap.version(),
                     "snapshot applied"
                 );
+                let received_at = snap.received_at();
                 let old = std::mem::replace(&mut *core.snapshot.borrow_mut(), Rc::new(snap));
+                if let Some(at) = received_at {
+                    core.metrics.stats.propagation.record(at.elapsed());
+                }
                 let new = core.snapshot();
                 // In batches, yielding between them: thousands of open
                 // connections must not stall the core's other tasks.

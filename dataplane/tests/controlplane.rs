@@ -258,6 +258,22 @@ fn config_from_xds_deltas_and_control_plane_down() {
         })
         .unwrap_or_else(|| panic!("no xDS series in\n{scrape}"));
     assert!(received.parse::<u64>().unwrap() >= 1, "{scrape}");
+    // Every snapshot built from an xDS response is timed from its arrival
+    // to the core serving it: the initial load and the pushed edit at
+    // least, each within the histogram's last finite bound.
+    let count = |le: &str| -> u64 {
+        let prefix = format!(
+            "ringway_core_config_propagation_seconds_bucket{{core=\"0\",le=\"{le}\"}} "
+        );
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{scrape}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(count("+Inf") >= 2, "{scrape}");
+    assert_eq!(count("1"), count("+Inf"), "{scrape}");
 
     // The control plane goes away: the last snapshot and the certificates
     // keep serving new connections.

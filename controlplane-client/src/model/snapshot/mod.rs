@@ -126,6 +126,9 @@ pub struct DeltaOutcome {
 #[derive(Default, Clone)]
 pub struct Snapshot {
     version: u64,
+    /// When the config message this snapshot was built from arrived (see
+    /// [`Snapshot::received_at`]).
+    received_at: Option<Instant>,
     // Primary stores, by xDS resource name.
     workloads: Table<Arc<Workload>>,
     services: Table<Named<Arc<Service>>>,
@@ -219,6 +222,20 @@ impl Snapshot {
             true
         });
         DeltaOutcome { snapshot, rejected }
+    }
+
+    /// When the config message (an xDS response, a changed file) this
+    /// snapshot was built from was received, if its source stamped it:
+    /// cores measure from it how long a change took to reach them
+    /// (`ringway_core_config_propagation_seconds`).
+    pub fn received_at(&self) -> Option<Instant> {
+        self.received_at
+    }
+
+    /// This snapshot, stamped as built from a message received `at`.
+    pub fn received(mut self, at: Instant) -> Snapshot {
+        self.received_at = Some(at);
+        self
     }
 
     /// Assigned by the publisher; 0 for a snapshot never published.
@@ -673,6 +690,7 @@ impl Builder {
     fn new(base: &Snapshot) -> Builder {
         let mut next = base.clone();
         next.version = 0;
+        next.received_at = None;
         Builder {
             next,
             changed_workloads: Vec::new(),

@@ -550,6 +550,7 @@ impl FileWatcher {
         if self.last_content == Some(digest) {
             return PollOutcome::Unchanged;
         }
+        let read_at = std::time::Instant::now();
         let content = match std::fs::read(&self.path) {
             Ok(content) => content,
             Err(e) => return self.unreadable(e),
@@ -582,7 +583,7 @@ impl FileWatcher {
                     snapshot.services().len(),
                     snapshot.policy_count(),
                 );
-                let version = self.publisher.publish(snapshot);
+                let version = self.publisher.publish(snapshot.received(read_at));
                 tracing::info!(
                     path = %self.origin,
                     version,

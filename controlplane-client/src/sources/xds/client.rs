@@ -592,6 +592,7 @@ pub async fn run(
         status,
         on_demand_rx: on_demand,
         state: ClientState::default(),
+        received_at: std::time::Instant::now(),
     };
     let mut backoff = Backoff::new(client.cfg.backoff);
     loop {
@@ -699,6 +700,9 @@ struct Client {
     status: XdsStatus,
     on_demand_rx: Option<OnDemandReceiver>,
     state: ClientState,
+    /// When the response being handled arrived (decoded): stamped on the
+    /// snapshots it produces.
+    received_at: std::time::Instant,
 }
 
 enum EndReason {
@@ -936,6 +940,7 @@ impl Client {
 
     /// Applies one response and returns its ACK or NACK.
     fn handle_response(&mut self, resp: DeltaDiscoveryResponse) -> DeltaDiscoveryRequest {
+        self.received_at = std::time::Instant::now();
         let status = self.status.clone();
         let metrics = status.metrics();
         let counters = metrics.for_type(&resp.type_url);
@@ -1186,7 +1191,9 @@ impl Client {
             .fetch_add(errors.len() as u64, Ordering::Relaxed);
         let accepted = upserts.saturating_sub(rejected.len());
         if accepted > 0 || removals > 0 {
-            let version = self.publisher.publish(outcome.snapshot);
+            let version = self
+                .publisher
+                .publish(outcome.snapshot.received(self.received_at));
             bump(&metrics.snapshots_published);
             tracing::debug!(version, accepted, removals, "published xDS snapshot");
         }

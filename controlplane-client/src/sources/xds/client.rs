@@ -40,7 +40,7 @@ use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use super::convert::{self, address_key, AddressResource, ConvertError};
 use crate::model::snapshot::{Snapshot, SnapshotDelta};
-use crate::model::{PolicyScope, UnreadablePolicy};
+use crate::model::{intern, PolicyScope, Str, UnreadablePolicy};
 use crate::publish::{SnapshotFeed, SnapshotPublisher};
 
 /// Largest response accepted (as ztunnel: 200 MiB).
@@ -680,9 +680,12 @@ impl Backoff {
 /// What survives reconnects.
 #[derive(Default)]
 struct ClientState {
-    /// Last accepted version per resource name, per type.
-    address_versions: HashMap<String, String>,
-    authorization_versions: HashMap<String, String>,
+    /// Last accepted version per resource name, per type. One entry per
+    /// workload and service of the mesh, so held compactly: a workload's
+    /// name is its uid's `Str` from the snapshot (shared, not copied), a
+    /// service's the interned key.
+    address_versions: HashMap<Str, Str>,
+    authorization_versions: HashMap<Str, Str>,
     /// On-demand names subscribed so far (re-sent on reconnect).
     on_demand_names: BTreeSet<String>,
     /// On-demand names the server said do not exist: unsubscribed with the
@@ -894,7 +897,10 @@ impl Client {
             type_url: type_url.to_owned(),
             resource_names_subscribe: subscribe,
             resource_names_unsubscribe: unsubscribe,
-            initial_resource_versions: versions.clone(),
+            initial_resource_versions: versions
+                .iter()
+                .map(|(name, version)| (name.to_string(), version.to_string()))
+                .collect(),
             ..DeltaDiscoveryRequest::default()
         }
     }
@@ -1039,7 +1045,7 @@ impl Client {
                             item.name()
                         ),
                     ));
-                    self.state.address_versions.remove(&res.name);
+                    self.state.address_versions.remove(res.name.as_str());
                 }
                 Ok(AddressResource::Workload(w)) => {
                     services.remove(&res.name);
@@ -1059,7 +1065,7 @@ impl Client {
                 }
                 Err(e) => {
                     errors.push((display_name(&res.name), e.to_string()));
-                    self.state.address_versions.remove(&res.name);
+                    self.state.address_versions.remove(res.name.as_str());
                     upserted.remove(&res.name);
                     workloads.remove(&res.name);
                     services.remove(&res.name);
@@ -1068,7 +1074,7 @@ impl Client {
         }
         let mut removals = 0usize;
         for name in &resp.removed_resources {
-            self.state.address_versions.remove(name);
+            self.state.address_versions.remove(name.as_str());
             if upserted.contains_key(name) {
                 continue; // removed and re-added in one response: keep it
             }
@@ -1097,11 +1103,16 @@ impl Client {
         delta.upsert_workloads = workloads.into_values().collect();
         delta.upsert_services = services.into_values().collect();
         let rejected = self.apply_delta(&current, delta, upserted.len(), removals, &mut errors);
+        let published = self.publisher.current();
         for (name, version) in upserted {
             if rejected.contains(&name) {
-                self.state.address_versions.remove(&name);
+                self.state.address_versions.remove(name.as_str());
             } else {
-                self.state.address_versions.insert(name, version);
+                let name = match published.workload_by_uid(&name) {
+                    Some(w) => w.uid.clone(),
+                    None => intern(&name),
+                };
+                self.state.address_versions.insert(name, Str::from(version));
             }
         }
         errors
@@ -1133,7 +1144,7 @@ impl Client {
                 Err(e) => e,
             };
             errors.push((display_name(&res.name), error.to_string()));
-            self.state.authorization_versions.remove(&res.name);
+            self.state.authorization_versions.remove(res.name.as_str());
             upserted.remove(&res.name);
             policies.remove(&res.name);
             if let Some(mut u) = convert::unreadable_authorization(res, &error) {
@@ -1148,7 +1159,7 @@ impl Client {
         }
         let mut removals = 0usize;
         for name in &resp.removed_resources {
-            self.state.authorization_versions.remove(name);
+            self.state.authorization_versions.remove(name.as_str());
             if !upserted.contains_key(name) && current.compiled_policy(name).is_some() {
                 delta.remove_policies.push(name.clone());
                 removals += 1;
@@ -1160,9 +1171,11 @@ impl Client {
         let rejected = self.apply_delta(&current, delta, changes, removals, &mut errors);
         for (name, version) in upserted {
             if rejected.contains(&name) {
-                self.state.authorization_versions.remove(&name);
+                self.state.authorization_versions.remove(name.as_str());
             } else {
-                self.state.authorization_versions.insert(name, version);
+                self.state
+                    .authorization_versions
+                    .insert(Str::from(name), Str::from(version));
             }
         }
         errors

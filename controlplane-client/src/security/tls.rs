@@ -29,6 +29,7 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, OtherError,
     RootCertStore, ServerConfig, SignatureScheme,
@@ -191,10 +192,14 @@ pub fn build_tls_configs(cert: &WorkloadCert) -> Result<TlsConfigs, TlsError> {
         inner: webpki,
         trust_domain: cert.identity.trust_domain.clone(),
     });
+    // One parsed key and chain for both directions: a node may hold
+    // thousands of identities, and each parsed copy costs ~1 KiB.
+    let certified = CertifiedKey::from_der(cert.chain.clone(), cert.key.clone_key(), &provider)?;
+    let resolver = Arc::new(SingleCertAndKey::from(certified));
     let mut server = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)?
         .with_client_cert_verifier(client_verifier)
-        .with_single_cert(cert.chain.clone(), cert.key.clone_key())?;
+        .with_cert_resolver(resolver.clone());
     server.alpn_protocols = vec![ALPN_H2.to_vec()];
     server.session_storage = Arc::new(NoServerSessionStorage {});
     server.send_tls13_tickets = 0;
@@ -207,7 +212,7 @@ pub fn build_tls_configs(cert: &WorkloadCert) -> Result<TlsConfigs, TlsError> {
         .with_protocol_versions(versions)?
         .dangerous()
         .with_custom_certificate_verifier(server_verifier)
-        .with_client_auth_cert(cert.chain.clone(), cert.key.clone_key())?;
+        .with_client_cert_resolver(resolver);
     client.alpn_protocols = vec![ALPN_H2.to_vec()];
     client.resumption = Resumption::disabled();
     client.enable_sni = false;

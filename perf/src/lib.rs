@@ -14,6 +14,7 @@ pub mod calibrate;
 pub mod charts;
 pub mod connect;
 pub mod dial;
+pub mod http;
 pub mod idle;
 pub mod kernel;
 pub mod latency;

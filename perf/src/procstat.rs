@@ -181,6 +181,31 @@ impl<'a> CpuMeter<'a> {
     }
 }
 
+/// The `kB` fields of /proc/PID/status we report, in bytes.
+pub fn memory_status(pid: u32) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let mut out = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if !["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData"].contains(&key) {
+            continue;
+        }
+        if let Some(kb) = value
+            .trim()
+            .strip_suffix("kB")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            out.insert(key.to_string(), kb * 1024);
+        }
+    }
+    if !out.contains_key("VmRSS") {
+        anyhow::bail!("no VmRSS for pid {pid}");
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

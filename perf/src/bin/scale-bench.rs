@@ -39,8 +39,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,7 +50,9 @@ use clap::Parser;
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::certs;
 use ringway_controlplane::sources::local;
+use ringway_perf::http::http_get;
 use ringway_perf::microbench::{live_bytes, peak_bytes, reset_peak, Counting};
+use ringway_perf::procstat::memory_status as proc_status;
 use ringway_perf::rig::{self, Netns};
 use ringway_perf::ztunnel;
 use serde_json::{json, Value};
@@ -277,77 +279,6 @@ fn short(n: usize) -> String {
 // ---------------------------------------------------------------------------
 // /proc and HTTP
 // ---------------------------------------------------------------------------
-
-/// The `kB` fields of /proc/PID/status we report, in bytes.
-fn proc_status(pid: u32) -> anyhow::Result<BTreeMap<String, u64>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        if !["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData"].contains(&key) {
-            continue;
-        }
-        if let Some(kb) = value
-            .trim()
-            .strip_suffix("kB")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            out.insert(key.to_string(), kb * 1024);
-        }
-    }
-    if !out.contains_key("VmRSS") {
-        bail!("no VmRSS for pid {pid}");
-    }
-    Ok(out)
-}
-
-/// A minimal HTTP/1.1 GET (Connection: close): status code and body
-/// (content-length, chunked, or to EOF).
-fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .context("no end of HTTP head")?;
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no HTTP status")?;
-    let mut body = raw[end + 4..].to_vec();
-    if head.contains("transfer-encoding: chunked") {
-        body = dechunk(&body)?;
-    }
-    Ok((status, body))
-}
-
-fn dechunk(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .context("bad chunk")?;
-        let size_text = std::str::from_utf8(&data[..line_end])?;
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(data.get(..size).context("short chunk")?);
-        data = data.get(size + 2..).unwrap_or(&[]);
-    }
-}
 
 /// Workload and service counts of a `/config_dump` (ringway's and
 /// ztunnel's have the same top-level lists).

@@ -310,6 +310,18 @@ fn get_metrics(addr: SocketAddr) -> anyhow::Result<String> {
     Ok(String::from_utf8(body)?)
 }
 
+/// jemalloc's live heap bytes, from ringway's admin `/memory`.
+fn allocated(admin: SocketAddr) -> anyhow::Result<u64> {
+    let (code, body) = http_get(admin, "/memory", Duration::from_secs(10))?;
+    if code != 200 {
+        bail!("/memory answered {code}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    v["allocator"]["allocated"]
+        .as_u64()
+        .context("no allocator.allocated in /memory")
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let ringway = match &args.ringway {
@@ -390,7 +402,7 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("starting {}", ringway.display()))?;
     let mut child = KillOnDrop(child);
     let pid = child.0.id();
-    let (readiness, stats) = loop {
+    let (readiness, stats, admin) = loop {
         if let Some(status) = child.0.try_wait()? {
             bail!("ringway exited ({status}):\n{}", rig::tail(&log, 20));
         }
@@ -400,8 +412,8 @@ fn main() -> anyhow::Result<()> {
         {
             let addr =
                 |k: &str| -> Option<SocketAddr> { v["listeners"][k][0].as_str()?.parse().ok() };
-            if let (Some(r), Some(s)) = (addr("readiness"), addr("stats")) {
-                break (r, s);
+            if let (Some(r), Some(s), Some(a)) = (addr("readiness"), addr("stats"), addr("admin")) {
+                break (r, s, a);
             }
         }
         if start.elapsed() > Duration::from_secs(120) {
@@ -423,8 +435,11 @@ fn main() -> anyhow::Result<()> {
     }
     let ready_secs = start.elapsed().as_secs_f64();
     eprintln!("ringway ready in {ready_secs:.2} s");
-    std::thread::sleep(Duration::from_secs(5));
+    // As scale-bench's steady sample: 15 s after ready, once the pages
+    // freed while loading have decayed.
+    std::thread::sleep(Duration::from_secs(15));
     let before = memory_status(pid)?;
+    let heap_before = allocated(admin)?;
     let buckets_before = propagation(&get_metrics(stats)?);
     let cpu_before = cpu_seconds(pid)?;
 
@@ -479,8 +494,11 @@ fn main() -> anyhow::Result<()> {
     let churn_secs = churn_start.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
     let cpu_after = cpu_seconds(pid)?;
+    rss_max = rss_max.max(memory_status(pid)?["VmRSS"]);
+    // Settled as `before` was.
+    std::thread::sleep(Duration::from_secs(13));
     let after = memory_status(pid)?;
-    rss_max = rss_max.max(after["VmRSS"]);
+    let heap_after = allocated(admin)?;
     let buckets_after = propagation(&get_metrics(stats)?);
     if let Some(status) = child.0.try_wait()? {
         bail!(
@@ -513,9 +531,10 @@ fn main() -> anyhow::Result<()> {
         "xDS churn, `--cores 1`: {w} workloads / {s} services loaded in {ready_secs:.2} s, then \
          {rate} changed workloads/s ({per_push} per push, {pps} pushes/s; half replaced, half \
          health flips) for {secs:.0} s ({pushes} pushes, {late} sent late).\n\n\
-         | time to core p50 | p99 | pushes served within 50 ms | RSS before | max during | after | growth | CPU during churn | NACKs |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n\
-         | {p50} | {p99} | {within_50ms} / {samples} ({frac:.1} %) | {b:.1} MiB | {m:.1} MiB | {a:.1} MiB | {g:+.1} MiB | {cpu:.1} % of a CPU | {nacks} |\n",
+         | time to core p50 | p99 | pushes served within 50 ms | RSS before | max during | after | growth | live heap growth | CPU during churn | NACKs |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n\
+         | {p50} | {p99} | {within_50ms} / {samples} ({frac:.1} %) | {b:.1} MiB | {m:.1} MiB | {a:.1} MiB | {g:+.1} MiB | {h:+.2} MiB | {cpu:.1} % of a CPU | {nacks} |\n\n\
+         RSS before and after: 15 s after ready and after the churn; live heap: jemalloc's allocated bytes (admin /memory).\n",
         w = args.workloads,
         s = services,
         rate = args.rate,
@@ -528,6 +547,7 @@ fn main() -> anyhow::Result<()> {
         m = mib(rss_max),
         a = mib(after["VmRSS"]),
         g = mib(after["VmRSS"]) - mib(before["VmRSS"]),
+        h = (heap_after as f64 - heap_before as f64) / (1024.0 * 1024.0),
         cpu = cpu_percent,
     );
     println!("{md}");
@@ -540,6 +560,7 @@ fn main() -> anyhow::Result<()> {
         "propagation_buckets": during, "samples": samples, "within_50ms": within_50ms,
         "p50_upper_bound_secs": p50, "p99_upper_bound_secs": p99,
         "rss_before": before["VmRSS"], "rss_max": rss_max, "rss_after": after["VmRSS"],
+        "heap_before": heap_before, "heap_after": heap_after,
         "cpu_percent": cpu_percent, "nacks": nacks, "acks": acks.load(Ordering::Relaxed),
     });
     std::fs::write(

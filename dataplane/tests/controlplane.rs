@@ -262,9 +262,8 @@ fn config_from_xds_deltas_and_control_plane_down() {
     // to the core serving it: the initial load and the pushed edit at
     // least, each within the histogram's last finite bound.
     let count = |le: &str| -> u64 {
-        let prefix = format!(
-            "ringway_core_config_propagation_seconds_bucket{{core=\"0\",le=\"{le}\"}} "
-        );
+        let prefix =
+            format!("ringway_core_config_propagation_seconds_bucket{{core=\"0\",le=\"{le}\"}} ");
         scrape
             .lines()
             .find_map(|l| l.strip_prefix(prefix.as_str()))

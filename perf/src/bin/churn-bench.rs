@@ -454,6 +454,9 @@ fn main() -> anyhow::Result<()> {
     let mut version = 2u64;
     let mut rss_max = before["VmRSS"];
     let mut late = 0u64;
+    // The live heap every 10 s of churn: growth that levels off is tables
+    // and caches settling; growth that does not is a leak.
+    let mut heap_series = Vec::new();
     let churn_start = Instant::now();
     for p in 0..pushes {
         let due = churn_start + interval * p as u32;
@@ -490,6 +493,9 @@ fn main() -> anyhow::Result<()> {
         if p % args.pushes_per_second == 0 {
             rss_max = rss_max.max(memory_status(pid)?["VmRSS"]);
         }
+        if p % (10 * args.pushes_per_second) == 0 {
+            heap_series.push(allocated(admin)?);
+        }
     }
     let churn_secs = churn_start.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
@@ -499,6 +505,7 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_secs(13));
     let after = memory_status(pid)?;
     let heap_after = allocated(admin)?;
+    heap_series.push(heap_after);
     let buckets_after = propagation(&get_metrics(stats)?);
     if let Some(status) = child.0.try_wait()? {
         bail!(
@@ -534,7 +541,8 @@ fn main() -> anyhow::Result<()> {
          | time to core p50 | p99 | pushes served within 50 ms | RSS before | max during | after | growth | live heap growth | CPU during churn | NACKs |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n\
          | {p50} | {p99} | {within_50ms} / {samples} ({frac:.1} %) | {b:.1} MiB | {m:.1} MiB | {a:.1} MiB | {g:+.1} MiB | {h:+.2} MiB | {cpu:.1} % of a CPU | {nacks} |\n\n\
-         RSS before and after: 15 s after ready and after the churn; live heap: jemalloc's allocated bytes (admin /memory).\n",
+         RSS before and after: 15 s after ready and after the churn; live heap: jemalloc's allocated bytes (admin /memory), \
+         every 10 s of churn and after it: {series} MiB.\n",
         w = args.workloads,
         s = services,
         rate = args.rate,
@@ -548,6 +556,11 @@ fn main() -> anyhow::Result<()> {
         a = mib(after["VmRSS"]),
         g = mib(after["VmRSS"]) - mib(before["VmRSS"]),
         h = (heap_after as f64 - heap_before as f64) / (1024.0 * 1024.0),
+        series = heap_series
+            .iter()
+            .map(|b| format!("{:.1}", mib(*b)))
+            .collect::<Vec<_>>()
+            .join(", "),
         cpu = cpu_percent,
     );
     println!("{md}");
@@ -560,7 +573,7 @@ fn main() -> anyhow::Result<()> {
         "propagation_buckets": during, "samples": samples, "within_50ms": within_50ms,
         "p50_upper_bound_secs": p50, "p99_upper_bound_secs": p99,
         "rss_before": before["VmRSS"], "rss_max": rss_max, "rss_after": after["VmRSS"],
-        "heap_before": heap_before, "heap_after": heap_after,
+        "heap_before": heap_before, "heap_after": heap_after, "heap_series": heap_series,
         "cpu_percent": cpu_percent, "nacks": nacks, "acks": acks.load(Ordering::Relaxed),
     });
     std::fs::write(

@@ -1112,6 +1112,10 @@ impl Client {
                     Some(w) => w.uid.clone(),
                     None => intern(&name),
                 };
+                // Replace the key too: `insert` would keep the old one, the
+                // uid of the workload's previous version, which nothing
+                // else holds any more (64 bytes per updated workload).
+                self.state.address_versions.remove(name.as_str());
                 self.state.address_versions.insert(name, Str::from(version));
             }
         }

@@ -133,7 +133,7 @@ impl Ztunnel {
         log_dir: &Path,
     ) -> anyhow::Result<Ztunnel> {
         let log = log_dir.join(format!("{name}.log"));
-        let child = launch(ns, bin, name, &env, &log, false)?;
+        let child = launch(ns, bin, name, &env, &log, false, STARTUP_TIMEOUT)?;
         Ok(Ztunnel {
             name: name.to_string(),
             child,
@@ -147,7 +147,15 @@ impl Ztunnel {
     pub fn restart(&mut self, ns: &Netns) -> anyhow::Result<()> {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = launch(ns, &self.bin, &self.name, &self.env, &self.log, true)?;
+        self.child = launch(
+            ns,
+            &self.bin,
+            &self.name,
+            &self.env,
+            &self.log,
+            true,
+            STARTUP_TIMEOUT,
+        )?;
         Ok(())
     }
 
@@ -168,13 +176,21 @@ impl Drop for Ztunnel {
     }
 }
 
-fn launch(
+/// How long a rig's ztunnel gets to apply its config and say it is ready.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Starts ztunnel (`proxy`) in `ns` with `env`, its output to `log`
+/// (appended to with `append`), and returns once it has applied its
+/// config and marked itself ready, within `timeout`; fails with its log's
+/// tail if it exits first.
+pub fn launch(
     ns: &Netns,
     bin: &Path,
     name: &str,
     env: &[(&'static str, String)],
     log: &Path,
     append: bool,
+    timeout: Duration,
 ) -> anyhow::Result<Child> {
     let file = rig::open_log(log, append)?;
     // Only what this start writes counts (a restart appends).
@@ -187,7 +203,7 @@ fn launch(
             .stdout(file.try_clone()?)
             .stderr(file),
     )?;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + timeout;
     loop {
         let text = read_from(log, offset);
         if text.contains(CONFIG_LOADED) && text.contains(READY) {
@@ -204,11 +220,11 @@ fn launch(
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "{name} did not apply its config within 30 s; see {}",
+                "{name} did not apply its config within {timeout:?}; see {}",
                 log.display()
             );
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -582,34 +582,9 @@ impl Bench {
         let mut env = ztunnel::env(mesh, &shape.proxy_workload(), "warn");
         env.retain(|(k, _)| !matches!(*k, "ENABLE_ORIG_SRC" | "PACKET_MARK"));
         env.push(("ZTUNNEL_WORKER_THREADS", "1".into()));
-        let file = std::fs::File::create(log)?;
         let start = Instant::now();
-        let mut child = ns.spawn(
-            Command::new(bin)
-                .arg("proxy")
-                .envs(env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(file.try_clone()?)
-                .stderr(file),
-        )?;
-        let deadline = start + Duration::from_secs_f64(self.args.ready_timeout);
-        loop {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            if text.contains("local config initialized") && text.contains("marking server ready") {
-                break;
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!(
-                    "ztunnel exited during startup ({status}):\n{}",
-                    rig::tail(log, 20)
-                );
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("ztunnel not ready in time:\n{}", rig::tail(log, 20));
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let timeout = Duration::from_secs_f64(self.args.ready_timeout);
+        let child = ztunnel::launch(&ns, bin, "ztunnel", &env, log, false, timeout)?;
         let ready_secs = start.elapsed().as_secs_f64();
         Ok(Started {
             child,

@@ -9,7 +9,7 @@ fn main() {
     let json = std::env::args().nth(1).as_deref() == Some("json");
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-        .event_format(ringway_dataplane::logfmt::ZtunnelFormat { json })
+        .event_format(ringway_dataplane::telemetry::logfmt::ZtunnelFormat { json })
         .with_writer(std::io::sink)
         .finish();
     tracing::subscriber::with_default(subscriber, || {

@@ -1,47 +1,27 @@
-//! ringway's data plane: one executor per core (`executor`), each with
-//! its own listeners, readiness ring, copy pools and snapshot slot.
+//! ringway's data plane: one executor per core, each with its own
+//! listeners, io_uring, copy pools, HBONE pool and snapshot slot.
 //!
-//! Layout:
-//! - [`runtime`]: per-core executors, startup checks, drain.
-//! - [`listeners`]: REUSEPORT listeners per core and the accept loop.
-//! - [`outbound`] (15001), [`inbound_passthrough`] (15006), [`hbone::server`] (15008): the traffic paths.
-//! - [`authorization`]: admission of inbound connections by policy, and late rejection.
-//! - [`socks5`] (15080, off by default): SOCKS5 front door into the outbound path.
-//! - [`hbone`]: HTTP/2 CONNECT over mTLS: server, client, per-core pool, stream pump.
-//! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
-//! - [`copy`]: splice / userspace byte movement with TCP half-close and RST semantics.
-//! - [`executor`]: the per-core executor (tasks, timers, cross-thread wake-ups) that sleeps on the core's ring.
-//! - [`uring`]: the per-core io_uring readiness reactor every socket wait goes through.
-//! - [`socket`]: SO_ORIGINAL_DST, marked connects, nonblocking syscalls.
-//! - [`inpod`]: in-pod mode: pods enrolled over ZDS, listeners in their namespaces.
-//! - [`netns`]: making sockets inside a pod's network namespace.
-//! - [`accesslog`]: one log line per connection.
-//! - [`config`]: flags and environment; executor CPUs and pinning.
-//! - [`cgroup`]: the cgroup CPU quota and cpuset, read for [`config::plan_cores`].
-//! - [`control`]: the control thread (config source, certificates, readiness, signals).
-//! - [`app`]: wiring it together for the binary.
-//! - [`allocator`]: the global allocator's counters, registered by the binary.
+//! Layers, lowest first; a module imports only from its own layer and the
+//! ones below it (`tests/layering.rs` checks it):
+//! - [`io`]: the per-core executor and its io_uring, sockets, streams, the
+//!   splice copy, network namespaces, listeners, counters.
+//! - [`inpod`]: in-pod mode: pods enrolled over ZDS, their listeners in
+//!   their namespaces, and what a core keeps per pod.
+//! - [`telemetry`]: metrics, the access log and its formats, the admin
+//!   endpoint, the side ports' HTTP server.
+//! - [`hbone`]: the HBONE protocol: HTTP/2 settings and the stream pump,
+//!   the client and its per-core pool, the per-core certificates.
+//! - [`core`]: the per-core context every path reads, its settings, and
+//!   inbound authorization with late rejection.
+//! - [`proxy`]: the traffic paths, one module each (15001, 15006, 15008,
+//!   15080, the same-node fast path), and their accept loop.
+//! - [`app`]: the binary's wiring: command line, core planning, startup
+//!   checks, the executors, the control thread.
 
-pub mod accesslog;
-pub mod admin;
-pub mod allocator;
 pub mod app;
-pub mod authorization;
-pub mod cgroup;
-pub mod config;
-pub mod control;
-pub mod copy;
-pub mod executor;
+pub mod core;
 pub mod hbone;
-pub mod inbound_passthrough;
 pub mod inpod;
-pub mod listeners;
-pub mod logfmt;
-pub mod metrics;
-pub mod netns;
-pub mod outbound;
-pub mod runtime;
-pub mod socket;
-pub mod socks5;
-pub mod stream;
-pub mod uring;
+pub mod io;
+pub mod proxy;
+pub mod telemetry;

@@ -106,8 +106,8 @@ mod jemalloc {
 }
 
 use clap::Parser;
-use ringway_dataplane::config::{CertCommand, Cli, Command, LogFormat};
-use ringway_dataplane::logfmt;
+use ringway_dataplane::app::cli::{CertCommand, Cli, Command, LogFormat};
+use ringway_dataplane::telemetry::logfmt;
 use tracing_subscriber::EnvFilter;
 
 /// Log lines in ztunnel's shapes (see `logfmt`), written by a thread of
@@ -145,10 +145,12 @@ fn init_logging(format: LogFormat, queued_lines: usize) -> Option<logfmt::LogWri
 }
 
 fn main() -> ExitCode {
-    ringway_dataplane::allocator::install(ringway_dataplane::allocator::Hooks {
-        stats: jemalloc::stats,
-        purge: jemalloc::purge,
-    });
+    ringway_dataplane::telemetry::allocator::install(
+        ringway_dataplane::telemetry::allocator::Hooks {
+            stats: jemalloc::stats,
+            purge: jemalloc::purge,
+        },
+    );
     let cli = Cli::parse();
     let _log_writer = init_logging(cli.run.log_format, cli.run.log_queue_lines as usize);
     let result = match cli.command {

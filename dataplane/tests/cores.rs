@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ringway_dataplane::cgroup::{parse_cpu_list, parse_mountinfo, parse_proc_cgroup};
+use ringway_dataplane::app::cgroup::{parse_cpu_list, parse_mountinfo, parse_proc_cgroup};
 
 const ANY_PORT: [&str; 8] = [
     "--outbound-addr",

@@ -150,6 +150,56 @@ impl Workload {
     }
 }
 
+/// A workload named by its namespace, name and service account, as the
+/// proxy is told whom it speaks for: ztunnel's `PROXY_WORKLOAD_INFO` in
+/// dedicated mode, or the node agent's description of an enrolled pod.
+/// Written and parsed as `namespace/name/service-account`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkloadName {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+}
+
+impl WorkloadName {
+    /// Whether `w` is the workload so named.
+    pub fn is(&self, w: &Workload) -> bool {
+        w.namespace == self.namespace
+            && w.name == self.name
+            && w.service_account == self.service_account
+    }
+}
+
+impl fmt::Display for WorkloadName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            self.namespace, self.name, self.service_account
+        )
+    }
+}
+
+impl std::str::FromStr for WorkloadName {
+    type Err = String;
+
+    /// "namespace/name/service-account", three non-empty parts.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split('/').collect::<Vec<_>>()[..] {
+            [ns, name, sa] if !ns.is_empty() && !name.is_empty() && !sa.is_empty() => {
+                Ok(WorkloadName {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                    service_account: sa.to_owned(),
+                })
+            }
+            _ => Err(format!(
+                "{s:?}: expected namespace/name/service-account (three non-empty parts)"
+            )),
+        }
+    }
+}
+
 /// How traffic to a workload is carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum TunnelProtocol {
@@ -554,6 +604,29 @@ const _: fn() = || {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workload_names_take_three_non_empty_parts() {
+        assert_eq!(
+            "shop/cart-7f9c/cart".parse::<WorkloadName>().unwrap(),
+            WorkloadName {
+                namespace: "shop".into(),
+                name: "cart-7f9c".into(),
+                service_account: "cart".into()
+            }
+        );
+        assert_eq!(
+            "shop/cart-7f9c/cart"
+                .parse::<WorkloadName>()
+                .unwrap()
+                .to_string(),
+            "shop/cart-7f9c/cart"
+        );
+        for bad in ["shop/cart", "shop//cart", "a/b/c/d", "", "/b/c"] {
+            let e = bad.parse::<WorkloadName>().unwrap_err();
+            assert!(e.contains("namespace/name/service-account"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn workload_defaults_and_identity() {

@@ -1,22 +1,23 @@
-//! HBONE: TCP carried in HTTP/2 CONNECT streams over mTLS (port 15008).
+//! HBONE, the protocol: TCP carried in HTTP/2 CONNECT streams over mTLS.
+//! The traffic paths that speak it (the 15008 listener, outbound tunnels)
+//! are in `proxy/`; this layer knows nothing of them.
 //!
-//! - [`server`]: the inbound side (15008): TLS with the dialled workload's
-//!   certificate, CONNECT streams to local workloads.
-//! - [`client`]: the outbound side: opens CONNECT streams on pooled
+//! - [`client`]: a core's outbound side: opens CONNECT streams on pooled
 //!   connections.
 //! - [`pool`]: per-core connection pool keyed by {source identity,
 //!   destination identity, destination IP}.
+//! - [`tls`]: a core's certificates, for both directions.
+//! - [`proxy_header`]: the PROXY v2 header of application tunnels.
 //!
-//! This module holds what both sides share: HTTP/2 settings, the
+//! This module holds what both directions share: HTTP/2 settings, the
 //! stream ⇄ socket pump with correct flow control and FIN/RST mapping, and
 //! the HBONE request headers.
 
 pub mod client;
 pub mod pool;
 pub mod proxy_header;
-pub mod server;
+pub mod tls;
 
-use crate::accesslog::ByteCount;
 use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -28,10 +29,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
+use http::StatusCode;
+use ringway_controlplane::model::identity::Identity;
 
-use crate::socket;
-use crate::stream::ReadSizer;
-use crate::uring::{Poller, Registration};
+use crate::io::count::ByteCount;
+use crate::io::socket;
+use crate::io::stream::ReadSizer;
+use crate::io::uring::{Poller, Registration};
 
 /// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +57,34 @@ impl Default for H2Settings {
 
 /// Bytes read from the plain socket per DATA chunk while data streams.
 const READ_CHUNK: usize = 256 << 10;
+
+/// Why an HBONE stream could not be opened. Clone: a failed single-flight
+/// connect is reported to every request that waited on it.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum HboneError {
+    #[error("no certificate for source identity {0} (fail closed)")]
+    NoCertificate(Identity),
+    #[error("connect to {0} failed: {1}")]
+    Connect(SocketAddr, String),
+    #[error(
+        "connect to {0} timed out; is something (e.g. a NetworkPolicy) blocking HBONE port 15008?"
+    )]
+    ConnectTimeout(SocketAddr),
+    #[error("TLS handshake with {0} failed: {1}")]
+    Tls(SocketAddr, String),
+    #[error("server at {addr} is {got}, expected {expected}")]
+    IdentityMismatch {
+        addr: SocketAddr,
+        expected: Identity,
+        got: String,
+    },
+    #[error("HTTP/2 with {0} failed: {1}")]
+    H2(SocketAddr, String),
+    #[error("CONNECT {0} answered {1}")]
+    Status(SocketAddr, StatusCode),
+    #[error("the request that was opening this connection went away")]
+    Cancelled,
+}
 
 /// How a tunnelled connection ended.
 #[derive(Debug)]
@@ -188,7 +220,7 @@ async fn socket_to_stream(
             // Drained: the next read waits; hold no buffer meanwhile.
             buf = BytesMut::new();
         }
-        crate::executor::yield_if_needed().await;
+        crate::io::executor::yield_if_needed().await;
     }
 }
 
@@ -206,7 +238,7 @@ async fn stream_to_socket(
                 return Ok(());
             }
             Some(Ok(data)) => {
-                crate::stream::write_all(reg, &data)
+                crate::io::stream::write_all(reg, &data)
                     .await
                     .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
                 moved.add(data.len() as u64);
@@ -331,7 +363,7 @@ pub fn parse_baggage(v: &str) -> Vec<(String, String)> {
 
 /// Awaits `fut` for at most `dur` (the core's timer).
 pub async fn with_timeout<T>(dur: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    crate::executor::timer::timeout(dur, fut).await.ok()
+    crate::io::executor::timer::timeout(dur, fut).await.ok()
 }
 
 #[cfg(test)]

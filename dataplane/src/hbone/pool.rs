@@ -19,7 +19,7 @@ use bytes::Bytes;
 use h2::client::SendRequest;
 use ringway_controlplane::model::identity::Identity;
 
-use super::client::HboneError;
+use super::HboneError;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {

@@ -15,8 +15,8 @@ use ringway_controlplane::sources::zds::{PodHandler, PodInfo};
 use tokio::sync::watch;
 
 use super::{load, pod_workload_uid, PodEntry, PodPorts, PodSet};
-use crate::config::ProxyWorkload;
-use crate::listeners::{bind_all, BoundListener};
+use crate::io::listener::{bind_all, BoundListener};
+use ringway_controlplane::model::WorkloadName;
 
 /// What readiness and the admin view read of the manager (any thread).
 #[derive(Default)]
@@ -162,7 +162,7 @@ impl InpodManager {
         self.status
             .pending
             .store(self.pending.len(), Ordering::Release);
-        let info = |w: &ProxyWorkload| {
+        let info = |w: &WorkloadName| {
             serde_json::json!({
                 "name": w.name,
                 "namespace": w.namespace,
@@ -177,7 +177,7 @@ impl InpodManager {
             );
         }
         for (uid, p) in &self.pending {
-            let w = ProxyWorkload {
+            let w = WorkloadName {
                 namespace: p.info.namespace.clone(),
                 name: p.info.name.clone(),
                 service_account: p.info.service_account.clone(),
@@ -198,7 +198,7 @@ impl InpodManager {
     /// Binds the pod's listeners in its namespace, publishes it, and waits
     /// until every core accepts on them.
     fn start(&mut self, uid: &str, info: &PodInfo, netns: &OwnedFd) -> Result<(), String> {
-        match crate::netns::is_own(netns.as_fd()) {
+        match crate::io::netns::is_own(netns.as_fd()) {
             Ok(false) => {}
             Ok(true) => {
                 return Err(format!(
@@ -216,14 +216,14 @@ impl InpodManager {
                 .collect()
         };
         let (v4, v6) = (specs([0, 0, 0, 0].into()), specs([0u16; 8].into()));
-        let bound = crate::netns::within(netns.as_fd(), || {
+        let bound = crate::io::netns::within(netns.as_fd(), || {
             let listeners = bind_all(&v4, s.cores, s.keepalive);
             // IPv6 too when the pod has it (istio-cni redirects both
             // families); a pod without IPv6 cannot bind [::] and is served
             // on IPv4 alone.
             // Link-local addresses (fe80::/10), which every interface gets,
             // do not count: IPv4-only clusters would bind twice the sockets.
-            let has_v6 = crate::socket::local_interface_addrs()
+            let has_v6 = crate::io::socket::local_interface_addrs()
                 .iter()
                 .any(|ip| match ip {
                     std::net::IpAddr::V6(v6) => {
@@ -235,7 +235,7 @@ impl InpodManager {
             (
                 listeners,
                 listeners6,
-                crate::socket::local_interface_addrs(),
+                crate::io::socket::local_interface_addrs(),
             )
         })
         .map_err(|e| e.to_string())?;
@@ -251,7 +251,7 @@ impl InpodManager {
         let netns = netns
             .try_clone()
             .map_err(|e| format!("pod {uid}: cannot keep its namespace: {e}"))?;
-        let workload = ProxyWorkload {
+        let workload = WorkloadName {
             namespace: info.namespace.clone(),
             name: info.name.clone(),
             service_account: info.service_account.clone(),
@@ -365,8 +365,8 @@ impl PodHandler for InpodManager {
             // Replayed after a reconnect: the same namespace is the same
             // pod, already served; another one replaces it.
             let same = match (
-                crate::netns::id(running.netns.as_fd()),
-                crate::netns::id(netns.as_fd()),
+                crate::io::netns::id(running.netns.as_fd()),
+                crate::io::netns::id(netns.as_fd()),
             ) {
                 (Ok(a), Ok(b)) => a == b,
                 _ => false,

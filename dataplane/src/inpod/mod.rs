@@ -22,11 +22,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ringway_controlplane::model::snapshot::Snapshot;
-use ringway_controlplane::model::Workload;
+use ringway_controlplane::model::{Str, Workload};
 use tokio::sync::watch;
 
-use crate::config::ProxyWorkload;
-use crate::listeners::{BoundListener, TrafficPath};
+use ringway_controlplane::model::WorkloadName;
+
+use crate::io::count::OpenCount;
+use crate::io::listener::{BoundListener, TrafficPath};
 
 /// The listener ports opened in every enrolled pod (ztunnel's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +68,7 @@ pub struct PodEntry {
     /// namespace).
     pub generation: u64,
     /// The workload it is, as the agent named it.
-    pub workload: ProxyWorkload,
+    pub workload: WorkloadName,
     /// Istio's uid for that workload (`<cluster>//Pod/<ns>/<name>`), tried
     /// first when finding it in a snapshot.
     pub workload_uid: String,
@@ -87,7 +89,7 @@ impl PodEntry {
     pub fn new(
         uid: String,
         generation: u64,
-        workload: ProxyWorkload,
+        workload: WorkloadName,
         workload_uid: String,
         netns: OwnedFd,
         addrs: Vec<IpAddr>,
@@ -135,8 +137,8 @@ pub struct PodScope {
     pub entry: Arc<PodEntry>,
     /// The pod's workload uid in the snapshot of the version noted, found
     /// once per version.
-    workload: RefCell<Option<(u64, Option<ringway_controlplane::model::Str>)>>,
-    open: crate::accesslog::OpenCount,
+    workload: RefCell<Option<(u64, Option<Str>)>>,
+    open: OpenCount,
     /// Flips to true when the pod's connections must end now (the pod was
     /// removed and its drain time is up).
     closing: watch::Sender<bool>,

@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use ringway_controlplane::model::{Service, Workload};
-use ringway_dataplane::metrics::{ConnLabels, MetricsHub, ProcessStats, Reporter};
+use ringway_dataplane::telemetry::metrics::{ConnLabels, MetricsHub, ProcessStats, Reporter};
 
 const SIDE: usize = 100;
 const ROUNDS: usize = 7;

@@ -1,19 +1,15 @@
 //! Listeners: bound once per core on the main thread (so a bind error stops
 //! startup with a clear message before any executor runs), then handed to
-//! each core, which runs its own accept loop. Every core has its own
-//! SO_REUSEPORT socket per address; the kernel spreads connections.
+//! each core, which runs its own accept loop (`proxy::accept`). Every core
+//! has its own SO_REUSEPORT socket per address; the kernel spreads
+//! connections.
 
-use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::rc::Rc;
-use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::accesslog::ConnLog;
-use crate::runtime::CoreInputs;
-use crate::socket;
+use crate::io::socket;
 
 /// The traffic path a listener feeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,52 +103,6 @@ impl SelfAddrs {
                 || dst.ip().is_unspecified()
                 || self.local_ips.contains(&dst.ip()))
     }
-}
-
-/// Accepts until the task is dropped (which closes the socket: drain).
-/// Each connection runs as its own task; its [`ConnLog`] exists from
-/// accept on, so drain counts it even before the task first runs.
-///
-/// `pod`: in-pod mode, the enrolled pod this listener is in; its
-/// connections are made and counted there.
-pub async fn accept_loop(
-    core: Rc<CoreInputs>,
-    listener: BoundListener,
-    pod: Option<Rc<crate::inpod::PodScope>>,
-) {
-    let fd = listener.fd.as_raw_fd();
-    let reg = crate::uring::Registration::new(&core.poller, fd);
-    loop {
-        match socket::accept(fd) {
-            Ok((conn, peer)) => {
-                let mut log =
-                    ConnLog::new(core.open.clone(), core.index, listener.path).in_pod(pod.as_ref());
-                log.src = peer;
-                crate::executor::spawn_detached(crate::runtime::serve(core.clone(), conn, log));
-                crate::executor::yield_if_needed().await;
-            }
-            Err(e) if socket::would_block(&e) => {
-                if let Err(e) = reg.ready(libc::POLLIN).await {
-                    tracing::error!(addr = %listener.addr, error = %e, "listener readiness failed");
-                    crate::executor::timer::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            Err(e) if is_transient(&e) => continue,
-            Err(e) => {
-                // Out of fds or memory: back off instead of spinning, the
-                // queued connections wait in the backlog meanwhile.
-                tracing::warn!(addr = %listener.addr, error = %e, "accept failed; retrying in 50ms");
-                crate::executor::timer::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINTR) | Some(libc::ECONNABORTED) | Some(libc::EPROTO) | Some(libc::EPERM)
-    )
 }
 
 #[cfg(test)]

@@ -20,15 +20,17 @@ use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::routing::{inbound_service_port, inbound_upstream};
 
-use crate::authorization::{self, Inbound, Refused, Ticket};
+use crate::core::authorization::{self, Inbound, Refused, Ticket};
 
-use super::{pump, with_timeout, PumpOutcome};
-use crate::accesslog::{ConnLog, Names};
-use crate::listeners::TrafficPath;
-use crate::metrics::{ConnLabels, Reporter};
-use crate::runtime::{spawn_cancellable, CoreInputs};
-use crate::socket;
-use crate::stream::FdStream;
+use crate::core::{spawn_cancellable, CoreInputs};
+use crate::hbone::{self, pump, with_timeout, PumpOutcome};
+use crate::inpod::is_pods_own;
+use crate::io::listener::TrafficPath;
+use crate::io::socket;
+use crate::io::stream::FdStream;
+use crate::proxy::downstream::timed_write_all;
+use crate::telemetry::accesslog::{ConnLog, Names};
+use crate::telemetry::metrics::{ConnLabels, Reporter};
 
 /// Serves one TCP connection accepted on 15008.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
@@ -56,14 +58,14 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 dst.ip()
             ));
         };
-        if let Err(why) = crate::inpod::is_pods_own(log.pod.as_deref(), &snap, workload) {
+        if let Err(why) = is_pods_own(log.pod.as_deref(), &snap, workload) {
             socket::set_reset_on_close(fd);
             return log.fail(why);
         }
         workload.identity()
     };
     log.dst_identity = Some(id.to_string());
-    let Some(tls) = core.cert_for(&id).await else {
+    let Some(tls) = core.certs.get(&id).await else {
         socket::set_reset_on_close(fd);
         return log.fail(format!("no certificate for {id}; refusing (fail closed)"));
     };
@@ -75,7 +77,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         Some(Err(e)) => return log.fail(format!("TLS handshake failed: {e}")),
         Some(Ok(s)) => s,
     };
-    let peer = match super::peer_identity(tls_stream.get_ref().1, "client") {
+    let peer = match hbone::peer_identity(tls_stream.get_ref().1, "client") {
         Ok(p) => Rc::new(p),
         Err(e) => return log.fail(format!("client identity: {e}")),
     };
@@ -169,12 +171,12 @@ fn admit(
     let headers = request.headers();
     let forwarded = headers.get("forwarded").and_then(|v| v.to_str().ok());
     log.src = forwarded
-        .and_then(|f| super::forwarded_param(f, "for"))
+        .and_then(|f| hbone::forwarded_param(f, "for"))
         .and_then(|a| a.parse().ok())
         .or(Some(conn_src));
     log.dst = Some(conn_dst);
     if let Some(t) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-        if super::valid_traceparent(t) {
+        if hbone::valid_traceparent(t) {
             log.trace = Some(t.to_string());
         }
     }
@@ -199,12 +201,12 @@ fn admit(
     // when it holds the peer's identity (as ztunnel derives the source),
     // and the destination workload.
     let service = forwarded
-        .and_then(|f| super::forwarded_param(f, "host"))
+        .and_then(|f| hbone::forwarded_param(f, "host"))
         .or_else(|| request.uri().authority().map(|a| a.host()))
         .filter(|h| h.parse::<IpAddr>().is_err() && !h.starts_with('['));
     let destination = authorization::local_workload(&snapshot, &core.cfg, conn_dst.ip());
     if let Some(d) = destination {
-        if let Err(why) = crate::inpod::is_pods_own(log.pod.as_deref(), &snapshot, d) {
+        if let Err(why) = is_pods_own(log.pod.as_deref(), &snapshot, d) {
             reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
             return refused(log, format!("503: {why}"));
         }
@@ -223,7 +225,7 @@ fn admit(
         .filter(|w| !from_gateway && w.has_identity(peer));
     log.names = if from_gateway {
         let baggage = headers.get("baggage").and_then(|v| v.to_str().ok());
-        let source = baggage.map(super::parse_baggage).and_then(|pairs| {
+        let source = baggage.map(hbone::parse_baggage).and_then(|pairs| {
             let get = |k: &str| {
                 pairs
                     .iter()
@@ -303,7 +305,7 @@ fn admit(
     // them from a PROXY header.
     let header = upstream
         .proxy_protocol
-        .then(|| super::proxy_header::encode(conn_src, target, &peer.to_string()));
+        .then(|| hbone::proxy_header::encode(conn_src, target, &peer.to_string()));
     drop(snapshot);
     // From the client's address when asked (--orig-src): the tunnel's TCP
     // peer, which TLS authenticated, not `forwarded`, which it only claims.
@@ -327,7 +329,7 @@ fn admit(
 /// tunnel was dialled to (facts 3.4). Err: the status to answer and why.
 fn authority_target(
     snap: &ringway_controlplane::Snapshot,
-    cfg: &crate::config::ProxyConfig,
+    cfg: &crate::core::config::ProxyConfig,
     conn_dst: SocketAddr,
     authority: Option<&http::uri::Authority>,
 ) -> Result<SocketAddr, (StatusCode, String)> {
@@ -398,7 +400,7 @@ fn tunnel(
 fn ok_response(core: &CoreInputs, target: SocketAddr) -> Response<()> {
     let mut resp = Response::builder().status(StatusCode::OK);
     let baggage = authorization::local_workload(&core.snapshot(), &core.cfg, target.ip())
-        .map(|w| super::baggage(w))
+        .map(|w| hbone::baggage(w))
         .and_then(|b| http::HeaderValue::try_from(b).ok());
     if let Some(b) = baggage {
         resp = resp.header("baggage", b);
@@ -474,7 +476,7 @@ async fn connect_upstream(
         .map_err(|e| format!("connect to {target} failed: {e}"))?;
     if let Some(header) = header {
         let fd = upstream.as_raw_fd();
-        match crate::outbound::timed_write_all(core, fd, &header).await {
+        match timed_write_all(core, fd, &header).await {
             Some(Ok(())) => {}
             Some(Err(e)) => return Err(format!("PROXY header to {target}: {e}")),
             None => return Err(format!("PROXY header to {target}: write timed out")),

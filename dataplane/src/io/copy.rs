@@ -8,7 +8,7 @@
 //! gives it back as soon as the source would block with the stage empty.
 //! Core-local (!Send).
 
-use crate::accesslog::ByteCount;
+use crate::io::count::ByteCount;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io;
@@ -17,8 +17,8 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 
-use crate::socket::{self, would_block, Pipe};
-use crate::uring::Poller;
+use crate::io::socket::{self, would_block, Pipe};
+use crate::io::uring::Poller;
 
 /// How bytes move through the proxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -306,7 +306,7 @@ impl Copier {
     }
 
     /// Waits are one-shot polls ([`Poller::ready`]), not standing
-    /// [`crate::uring::Registration`]s: a busy socket wakes up per arriving
+    /// [`crate::io::uring::Registration`]s: a busy socket wakes up per arriving
     /// segment, and a standing poll turns each of those into a completion
     /// and an executor wake-up nobody waits for (measured: more proxy CPU
     /// per GiB of splice than one submit per wait).
@@ -369,7 +369,7 @@ impl Copier {
                     }
                 }
                 // Long transfers must not starve the other connections.
-                crate::executor::yield_if_needed().await;
+                crate::io::executor::yield_if_needed().await;
             };
             give_back(stage);
             match result {

@@ -19,8 +19,12 @@ use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
 use ringway_controlplane::sources::local;
 use ringway_controlplane::sources::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
 use ringway_controlplane::SnapshotPublisher;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
+
+use crate::inpod::manager::InpodStatus;
+use crate::telemetry::admin::Admin;
+use crate::telemetry::http::{serve_http, Answer, PROMETHEUS, TEXT};
+use crate::telemetry::metrics::{MetricsHub, ProcessStats};
 
 /// Where workloads, services and policies come from.
 pub enum ConfigSource {
@@ -55,16 +59,16 @@ pub struct Control {
     pub readiness: std::net::TcpListener,
     /// The metrics endpoint's listener, and what it reports.
     pub stats: std::net::TcpListener,
-    pub metrics: Arc<crate::metrics::MetricsHub>,
+    pub metrics: Arc<MetricsHub>,
     /// The admin endpoint's listener (loopback unless allowed otherwise),
     /// and what it serves; its /quitquitquit notifies `admin.quit`.
     pub admin_listener: std::net::TcpListener,
-    pub admin: crate::admin::Admin,
+    pub admin: Admin,
     /// Set by the main thread once every core has its listeners bound.
     pub cores_ready: Arc<AtomicBool>,
     /// In-pod mode: the enrolled pods' state (ready once the node agent's
     /// pods are known and all of them run).
-    pub inpod: Option<Arc<crate::inpod::manager::InpodStatus>>,
+    pub inpod: Option<Arc<InpodStatus>>,
     pub shutdown: watch::Sender<bool>,
     pub drain: Duration,
     pub pin: Option<usize>,
@@ -121,7 +125,7 @@ impl Control {
         };
         // Handlers first, then unblock: a SIGTERM that arrived during
         // startup is pending and now drains instead of killing.
-        crate::app::set_termination_signals_blocked(false);
+        crate::app::signals::set_termination_signals_blocked(false);
 
         let manager_cfg = CertManagerConfig {
             node: self.node.clone(),
@@ -231,7 +235,7 @@ impl Control {
                         ("503 Service Unavailable", TEXT, "not ready\n".into())
                     }
                     ("metrics", "/metrics" | "/stats/prometheus") => {
-                        let process = crate::metrics::ProcessStats::read();
+                        let process = ProcessStats::read();
                         let mut body = metrics.render(&process, xds.as_ref().map(|x| x.metrics()));
                         if let Some(inpod) = &inpod_status {
                             inpod.render(&mut body);
@@ -270,7 +274,7 @@ async fn report_dropped_log_lines(every: Duration) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
-        let dropped = crate::logfmt::dropped_lines();
+        let dropped = crate::telemetry::logfmt::dropped_lines();
         if dropped > reported {
             tracing::warn!(
                 dropped = dropped - reported,
@@ -292,87 +296,4 @@ fn spawn_manager<S: CertSource + Send + Sync + 'static>(
     let requests = manager.requests();
     tokio::spawn(manager.run());
     requests
-}
-
-const TEXT: &str = "text/plain; charset=utf-8";
-const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Requests larger than this get 431 and a close.
-const MAX_REQUEST: usize = 8 << 10;
-
-use crate::admin::Answer;
-
-/// A deliberately small HTTP/1.1 server for the side endpoints (readiness
-/// for kubelet, metrics for Prometheus, admin): one request per
-/// connection, answered by `answer(method, path, query)` with (status,
-/// content type, body). What it is not made for gets a 4xx and a close,
-/// never a crash: a request that is not HTTP 400, one over 8 KiB 431, one
-/// slower than 5 s is closed.
-async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
-where
-    F: Fn(&str, &str, &str) -> Answer + Send + Sync + 'static,
-{
-    let answer = Arc::new(answer);
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else {
-            // Out of descriptors, say: do not spin.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let answer = answer.clone();
-        tokio::spawn(async move {
-            let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s)).await;
-            let (status, kind, body) = match head {
-                Err(_) => return, // too slow: closed
-                Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
-                Ok(Ok((method, path, query))) => {
-                    let (status, kind, body) = answer(&method, &path, &query);
-                    (
-                        status,
-                        kind,
-                        if method == "HEAD" {
-                            String::new()
-                        } else {
-                            body
-                        },
-                    )
-                }
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            if s.write_all(resp.as_bytes()).await.is_ok() {
-                let _ = s.write_all(body.as_bytes()).await;
-            }
-        });
-    }
-}
-
-/// Reads a request head; its method, path and query, or the status to
-/// refuse it with.
-async fn read_head(
-    s: &mut tokio::net::TcpStream,
-) -> Result<(String, String, String), &'static str> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        if buf.len() > MAX_REQUEST {
-            return Err("431 Request Header Fields Too Large");
-        }
-        match s.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let text = std::str::from_utf8(&buf).map_err(|_| "400 Bad Request")?;
-    let line = text.lines().next().unwrap_or("");
-    let mut parts = line.split_whitespace();
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
-            let (path, query) = target.split_once('?').unwrap_or((target, ""));
-            Ok((method.to_owned(), path.to_owned(), query.to_owned()))
-        }
-        _ => Err("400 Bad Request"),
-    }
 }

@@ -542,10 +542,10 @@ mod tests {
     use std::os::fd::AsRawFd;
     use std::time::Duration;
 
-    use crate::executor::{poller, spawn_local, timer};
+    use crate::io::executor::{poller, spawn_local, timer};
 
     fn on_executor<F: Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
-        crate::executor::Builder::new("uring-test")
+        crate::io::executor::Builder::new("uring-test")
             .ring_entries(64)
             .spawn(f)
             .expect("executor")
@@ -740,7 +740,7 @@ mod tests {
             drop(reg);
             drop(server);
             // The poll's removal is submitted at the end of this pass.
-            crate::executor::yield_now().await;
+            crate::io::executor::yield_now().await;
             client
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .unwrap();

@@ -9,11 +9,14 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
-use crate::accesslog::{ConnLog, Names};
-use crate::authorization::{self, Inbound};
-use crate::metrics::{ConnLabels, Reporter};
-use crate::runtime::CoreInputs;
-use crate::socket;
+use crate::core::authorization::{self, Inbound};
+use crate::core::CoreInputs;
+use crate::inpod::is_pods_own;
+use crate::io::socket;
+use crate::proxy::direct::direct_until_revoked;
+use crate::proxy::downstream::Transparent;
+use crate::telemetry::accesslog::{ConnLog, Names};
+use crate::telemetry::metrics::{ConnLabels, Reporter};
 
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
@@ -48,7 +51,7 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let own = match (log.pod.as_deref(), destination) {
         (None, _) => Ok(()),
         (Some(_), None) => Err(format!("no local workload at {}", dst.ip())),
-        (Some(pod), Some(d)) => crate::inpod::is_pods_own(Some(pod), &snapshot, d),
+        (Some(pod), Some(d)) => is_pods_own(Some(pod), &snapshot, d),
     };
     if let Err(why) = own {
         drop(snapshot);
@@ -76,9 +79,8 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
         }
     };
     let log = &log;
-    let mut transparent = crate::outbound::Transparent;
+    let mut transparent = Transparent;
     // From the client's own address when asked (--orig-src): the TCP peer.
     let from = core.cfg.orig_src.then_some(src.ip());
-    crate::outbound::direct_until_revoked(&core, client, dst, log, &mut transparent, from, &ticket)
-        .await;
+    direct_until_revoked(&core, client, dst, log, &mut transparent, from, &ticket).await;
 }

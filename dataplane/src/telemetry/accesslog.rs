@@ -8,80 +8,18 @@
 //! ztunnel work unchanged; ringway adds `core`, `path`, `route`, `trace`,
 //! `hbone_conn` and, on success, `outcome`.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
-use std::time::Instant;
-
 use std::sync::Arc;
+use std::time::Instant;
 
 use ringway_controlplane::model::Workload;
 
-use crate::listeners::TrafficPath;
-use crate::metrics::{CoreStats, Counter, ResponseFlag, TcpCounters};
-
-/// Bytes one direction of a connection moved: the access log's count and,
-/// once the connection's metric labels are known, its label set's
-/// Prometheus counter (so a long-lived connection shows in every scrape).
-#[derive(Default)]
-pub struct ByteCount {
-    n: Cell<u64>,
-    metric: Option<Arc<Counter>>,
-}
-
-impl ByteCount {
-    pub fn add(&self, k: u64) {
-        self.n.set(self.n.get() + k);
-        if let Some(m) = &self.metric {
-            m.add(k);
-        }
-    }
-
-    pub fn get(&self) -> u64 {
-        self.n.get()
-    }
-}
-
-/// A core-local count of open things that someone may wait to see reach
-/// zero (a core's connections at drain, a removed pod's).
-#[derive(Default)]
-pub struct OpenCount {
-    count: Cell<usize>,
-    idle_waiter: RefCell<Option<Waker>>,
-}
-
-impl OpenCount {
-    pub fn get(&self) -> usize {
-        self.count.get()
-    }
-
-    pub fn enter(&self) {
-        self.count.set(self.count.get() + 1);
-    }
-
-    pub fn leave(&self) {
-        self.count.set(self.count.get() - 1);
-        if self.count.get() == 0 {
-            if let Some(w) = self.idle_waiter.borrow_mut().take() {
-                w.wake();
-            }
-        }
-    }
-
-    /// Resolves once the count is zero.
-    pub async fn all_closed(&self) {
-        futures_lite::future::poll_fn(|cx| {
-            if self.count.get() == 0 {
-                Poll::Ready(())
-            } else {
-                *self.idle_waiter.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        })
-        .await
-    }
-}
+use crate::inpod::{PodConn, PodScope};
+use crate::io::count::{ByteCount, OpenCount};
+use crate::io::listener::TrafficPath;
+use crate::telemetry::metrics::{CoreStats, ResponseFlag, TcpCounters};
 
 /// Per-core count of open connections, counted from accept to close, and
 /// what drain waits on; mirrored into the core's metrics gauge.
@@ -215,7 +153,7 @@ pub struct ConnLog {
     /// In-pod mode: the enrolled pod whose listener accepted the
     /// connection. Its upstream sockets are made in the pod's namespace,
     /// and it counts among the pod's open connections until it ends.
-    pub pod: Option<crate::inpod::PodConn>,
+    pub pod: Option<PodConn>,
 }
 
 impl ConnLog {
@@ -224,7 +162,7 @@ impl ConnLog {
     pub fn client_addr(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<SocketAddr> {
         let addr = match self.src {
             Some(a) => a,
-            None => crate::socket::peer_addr(fd)?,
+            None => crate::io::socket::peer_addr(fd)?,
         };
         self.src = Some(addr);
         Ok(addr)
@@ -255,8 +193,8 @@ impl ConnLog {
     }
 
     /// Counts the connection as one of `pod`'s (in-pod mode).
-    pub fn in_pod(mut self, pod: Option<&std::rc::Rc<crate::inpod::PodScope>>) -> Self {
-        self.pod = pod.map(|p| crate::inpod::PodConn::new(p.clone()));
+    pub fn in_pod(mut self, pod: Option<&Rc<PodScope>>) -> Self {
+        self.pod = pod.map(|p| PodConn::new(p.clone()));
         self
     }
 
@@ -284,8 +222,8 @@ impl ConnLog {
                 (&counters.received, &counters.sent)
             }
         };
-        self.from_client.metric = Some(from_client.clone());
-        self.to_client.metric = Some(to_client.clone());
+        self.from_client.count_into(from_client.clone());
+        self.to_client.count_into(to_client.clone());
         self.metrics = Some(counters);
     }
 
@@ -308,7 +246,7 @@ impl Drop for ConnLog {
     fn drop(&mut self) {
         self.open.leave();
         let (ok, outcome) = self.outcome.borrow_mut().take().unwrap_or_else(|| {
-            let why = if crate::executor::dropping_panicked_task() {
+            let why = if crate::io::executor::dropping_panicked_task() {
                 "closed: its task panicked (a ringway bug; the core goes on)"
             } else {
                 "closed at the drain deadline"

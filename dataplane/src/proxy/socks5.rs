@@ -20,11 +20,12 @@ use std::rc::Rc;
 
 use ringway_controlplane::Snapshot;
 
-use crate::accesslog::ConnLog;
-use crate::outbound::{self, Downstream, Failure, Refusal};
-use crate::runtime::CoreInputs;
-use crate::socket;
-use crate::uring::Registration;
+use crate::core::CoreInputs;
+use crate::io::socket;
+use crate::io::uring::Registration;
+use crate::proxy::downstream::{reply_and_close, Downstream, Failure, Refusal};
+use crate::proxy::outbound;
+use crate::telemetry::accesslog::ConnLog;
 
 // ---------------------------------------------------------------------------
 // Codec
@@ -372,7 +373,7 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
         }
         Some(Err(abort)) => {
             if let Some(code) = abort.reply {
-                outbound::reply_and_close(&core, fd, &encode_reply(code, UNSPECIFIED)).await;
+                reply_and_close(&core, fd, &encode_reply(code, UNSPECIFIED)).await;
             }
             return log.fail(format!("SOCKS5: {}", abort.why));
         }
@@ -386,7 +387,7 @@ pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
                 Some(ip) => SocketAddr::new(ip, *port),
                 None => {
                     let reply = encode_reply(ReplyCode::HostUnreachable, UNSPECIFIED);
-                    outbound::reply_and_close(&core, fd, &reply).await;
+                    reply_and_close(&core, fd, &reply).await;
                     return log.fail(format!(
                         "SOCKS5: {name} is not a known service hostname (host unreachable)"
                     ));
@@ -433,7 +434,7 @@ async fn read_message<T>(
                         why: "handshake message too long".into(),
                     });
                 };
-                let got = crate::stream::read_some(&Registration::new(&core.poller, fd), room)
+                let got = crate::io::stream::read_some(&Registration::new(&core.poller, fd), room)
                     .await
                     .map_err(|e| Abort {
                         reply: None,
@@ -452,7 +453,7 @@ async fn read_message<T>(
 }
 
 async fn write(core: &CoreInputs, fd: RawFd, bytes: &[u8]) -> Result<(), Abort> {
-    crate::stream::write_all(&Registration::new(&core.poller, fd), bytes)
+    crate::io::stream::write_all(&Registration::new(&core.poller, fd), bytes)
         .await
         .map_err(|e| Abort {
             reply: None,

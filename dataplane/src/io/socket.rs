@@ -1,7 +1,7 @@
 //! Socket plumbing for the traffic paths: original destination, outbound
 //! connect with SO_MARK, accept, and the nonblocking syscalls the copy
 //! engine uses. All sockets here are O_NONBLOCK; waiting is done by the
-//! per-core [`Poller`](crate::uring::Poller), never by the kernel.
+//! per-core [`Poller`](crate::io::uring::Poller), never by the kernel.
 
 use std::io;
 use std::mem::{size_of, MaybeUninit};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use socket2::{Domain, SockAddr, Socket, TcpKeepalive, Type};
 
-use crate::uring::Poller;
+use crate::io::uring::Poller;
 
 /// `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST` (same number, different level).
 const SO_ORIGINAL_DST: libc::c_int = 80;
@@ -202,7 +202,7 @@ pub async fn connect_from(
     };
     let sock = match netns {
         None => new_socket()?,
-        Some(ns) => crate::netns::within(ns, new_socket)??,
+        Some(ns) => crate::io::netns::within(ns, new_socket)??,
     };
     if opts.mark != 0 {
         sock.set_mark(opts.mark)?;
@@ -248,7 +248,7 @@ pub async fn connect_from(
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
             let wait = poller.ready(sock.as_raw_fd(), libc::POLLOUT);
-            match crate::executor::timer::timeout(opts.timeout, wait).await {
+            match crate::io::executor::timer::timeout(opts.timeout, wait).await {
                 Ok(r) => {
                     r?;
                 }

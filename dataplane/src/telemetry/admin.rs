@@ -24,7 +24,9 @@ use ringway_controlplane::sources::local::dump::dump;
 use ringway_controlplane::SnapshotPublisher;
 use serde_json::{json, Value};
 
-use crate::metrics::MetricsHub;
+use crate::inpod::manager::InpodStatus;
+use crate::telemetry::http::{Answer, JSON, TEXT};
+use crate::telemetry::metrics::MetricsHub;
 
 /// What the admin endpoint reads.
 pub struct Admin {
@@ -37,14 +39,8 @@ pub struct Admin {
     /// Starts the drain.
     pub quit: Arc<tokio::sync::Notify>,
     /// In-pod mode: the enrolled pods (`workloadState`).
-    pub inpod: Option<Arc<crate::inpod::manager::InpodStatus>>,
+    pub inpod: Option<Arc<InpodStatus>>,
 }
-
-/// An answer: status line, content type, body.
-pub type Answer = (&'static str, &'static str, String);
-
-const JSON: &str = "application/json";
-const TEXT: &str = "text/plain; charset=utf-8";
 
 impl Admin {
     pub fn answer(&self, method: &str, path: &str, query: &str) -> Answer {
@@ -52,7 +48,7 @@ impl Admin {
         match path {
             "/config_dump" if get => ("200 OK", JSON, pretty(&self.config_dump())),
             "/cores" if get => ("200 OK", JSON, pretty(&self.cores())),
-            "/memory" if get => ("200 OK", JSON, pretty(&crate::allocator::report())),
+            "/memory" if get => ("200 OK", JSON, pretty(&crate::telemetry::allocator::report())),
             "/logging" if get || method == "POST" => self.logging(query),
             "/quitquitquit" if method == "POST" => {
                 tracing::info!("admin: /quitquitquit: no longer accepting; draining");
@@ -147,7 +143,7 @@ impl Admin {
             .split('&')
             .find_map(|kv| kv.strip_prefix("level="))
             .map(percent_decode);
-        match crate::logfmt::log_filter(level.as_deref()) {
+        match crate::telemetry::logfmt::log_filter(level.as_deref()) {
             Ok(now) => {
                 if let Some(l) = &level {
                     tracing::info!(filter = %now, requested = %l, "admin: log filter changed");

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::uring::Poller;
+use crate::io::uring::Poller;
 
 pub use task::{dropping_panicked_task, Task};
 

@@ -1,6 +1,22 @@
-//! Wiring for the `ringway` binary: load the config, bind listeners, start
-//! the control thread ([`crate::control`]) and the per-core executors, then
-//! wait for them to drain and stop.
+//! The `ringway` binary's wiring ([`run`]): read the flags, plan the cores,
+//! load the config, bind listeners, start the control thread and the
+//! per-core executors, then wait for them to drain and stop.
+//!
+//! - [`cli`]: flags and environment, and the settings built from them.
+//! - [`plan`]: which CPUs get an executor, and pinning; [`cgroup`]: the
+//!   cgroup CPU quota and cpuset it reads.
+//! - [`checks`]: what the host must allow (io_uring, locked memory, fds).
+//! - [`cores`]: the executors and each core's main loop.
+//! - [`control`]: the control thread (config source, certificates, side
+//!   ports, signals); [`signals`]: which threads see SIGTERM.
+
+pub mod cgroup;
+pub mod checks;
+pub mod cli;
+pub mod control;
+pub mod cores;
+pub mod plan;
+pub mod signals;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,33 +33,20 @@ use ringway_controlplane::sources::xds::{on_demand_channel, NodeInfo, OnDemandSe
 use ringway_controlplane::SnapshotPublisher;
 use tokio::sync::watch;
 
-use crate::cgroup::format_cpu_list;
-use crate::config::{format_cpus, plan_cores, Args, CpuFacts, ProxyConfig};
-use crate::control::{CertSourceKind, ConfigSource, Control};
-use crate::listeners::{bind_all, SelfAddrs, TrafficPath};
-use crate::runtime::{
-    check_io_uring, check_memlock, raise_nofile, start_cores, ControlHandles, CoreSeed,
-};
-use crate::socket;
-
-/// SIGTERM/SIGINT must reach the control thread only: delivered to a core
-/// thread they would interrupt its io_uring calls (EINTR) for nothing.
-/// Threads inherit the mask, so block here before any thread starts; the
-/// control thread unblocks them for itself.
-pub(crate) fn set_termination_signals_blocked(blocked: bool) {
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        let how = if blocked {
-            libc::SIG_BLOCK
-        } else {
-            libc::SIG_UNBLOCK
-        };
-        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
-    }
-}
+use crate::app::cgroup::format_cpu_list;
+use crate::app::checks::{check_io_uring, check_memlock, raise_nofile};
+use crate::app::cli::Args;
+use crate::app::control::{CertSourceKind, ConfigSource, Control};
+use crate::app::cores::{start_cores, CoreSeed};
+use crate::app::plan::{format_cpus, plan_cores, CorePlan, CpuFacts};
+use crate::app::signals::set_termination_signals_blocked;
+use crate::core::ControlHandles;
+use crate::inpod::manager::{InpodManager, InpodSettings, InpodStatus};
+use crate::inpod::PodPorts;
+use crate::io::listener::{bind_all, SelfAddrs, TrafficPath};
+use crate::io::socket;
+use crate::telemetry::admin::Admin;
+use crate::telemetry::metrics::MetricsHub;
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     if !args.admin_addr.ip().is_loopback() && !args.admin_allow_remote {
@@ -54,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     set_termination_signals_blocked(true);
-    let cfg = ProxyConfig::from_args(&args);
+    let cfg = args.proxy_config();
 
     // Before the slower steps, so a bad --cores or pinning flag fails fast.
     let plan = plan_cores(args.cores.as_deref(), &CpuFacts::read(), args.pin_mode()?)?;
@@ -105,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // Loading the config (and issuing certificates) freed several times
     // what it kept: give those pages back now rather than as they decay.
-    crate::allocator::purge();
+    crate::telemetry::allocator::purge();
 
     check_memlock(plan.cpus.len())?;
     check_io_uring()?;
@@ -132,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
     let bound: Vec<(TrafficPath, std::net::SocketAddr)> =
         per_core[0].iter().map(|l| (l.path, l.addr)).collect();
-    let pod_ports = crate::inpod::PodPorts::default();
+    let pod_ports = PodPorts::default();
     let mut self_addrs = SelfAddrs {
         ports: bound.iter().map(|(_, a)| a.port()).collect(),
         local_ips: socket::local_interface_addrs(),
@@ -158,7 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     stats.set_nonblocking(true)?;
     let stats_addr = stats.local_addr()?;
-    let metrics = Arc::new(crate::metrics::MetricsHub::default());
+    let metrics = Arc::new(MetricsHub::default());
     let admin_listener = std::net::TcpListener::bind(args.admin_addr).with_context(|| {
         format!(
             "cannot bind the admin endpoint on {} (--admin-addr)",
@@ -167,7 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     admin_listener.set_nonblocking(true)?;
     let admin_addr = admin_listener.local_addr()?;
-    let admin = crate::admin::Admin {
+    let admin = Admin {
         snapshots: publisher.clone(),
         certs: cert_publisher.clone(),
         metrics: metrics.clone(),
@@ -180,7 +183,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let cores_ready = Arc::new(AtomicBool::new(false));
     let inpod = args.inpod.then(|| {
-        crate::inpod::manager::InpodManager::new(crate::inpod::manager::InpodSettings {
+        InpodManager::new(InpodSettings {
             cores: plan.cpus.len(),
             ports: pod_ports,
             keepalive,
@@ -334,7 +337,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// added or removed any more, so readiness turns 503 for good and the log
 /// says why; the pods already enrolled stay served.
 struct ZdsThreadGuard {
-    status: Arc<crate::inpod::manager::InpodStatus>,
+    status: Arc<InpodStatus>,
     stop: Arc<AtomicBool>,
 }
 
@@ -351,7 +354,7 @@ impl Drop for ZdsThreadGuard {
 }
 
 /// The `config` of `/config_dump`: the settings ringway runs with.
-fn static_config(args: &Args, plan: &crate::config::CorePlan) -> serde_json::Value {
+fn static_config(args: &Args, plan: &CorePlan) -> serde_json::Value {
     serde_json::json!({
         "proxyMode": if args.proxy_workload.is_some() { "Dedicated" } else { "Shared" },
         "inpodEnabled": args.inpod,

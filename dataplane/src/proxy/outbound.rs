@@ -16,13 +16,12 @@
 //!
 //! [`route`] is the path itself, entered with a destination: by [`serve`]
 //! for captured traffic, and by the SOCKS5 front door
-//! ([`crate::socks5`]) with the destination the client asked for. A
+//! ([`crate::proxy::socks5`]) with the destination the client asked for. A
 //! [`Downstream`] is what differs: how the client learns the outcome.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::pin::Pin;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -31,106 +30,16 @@ use ringway_controlplane::model::routing::{plan, Outbound, Plan, PlanError};
 use ringway_controlplane::model::Workload;
 use ringway_controlplane::Snapshot;
 
-use crate::accesslog::{ConnLog, Names};
-use crate::authorization::local_workload;
-use crate::authorization::{self, Inbound};
+use crate::core::authorization::local_workload;
+use crate::core::CoreInputs;
 use crate::hbone;
-use crate::listeners::TrafficPath;
-use crate::metrics::{ConnLabels, Reporter};
-use crate::runtime::CoreInputs;
-use crate::socket;
-use crate::uring::Registration;
-
-/// How the client of an outbound connection learns what became of its
-/// upstream: this is all that differs between the entry points feeding
-/// [`route`] (captured 15001 traffic, the SOCKS5 front door).
-pub trait Downstream {
-    /// The upstream is established (connected, or the HBONE CONNECT was
-    /// answered 200). Returns bytes to send the client before any proxied
-    /// byte. `upstream` is the direct upstream socket (`None` when
-    /// tunnelled over HBONE).
-    fn established(&mut self, upstream: Option<BorrowedFd<'_>>) -> Option<Vec<u8>>;
-    /// The connection will not be made, for `failure`.
-    fn failed(&mut self, failure: Failure) -> Refusal;
-}
-
-/// Why an outbound connection was not made, coarsely (what a client can
-/// be told).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
-    /// The destination is one of ringway's own listeners.
-    Loop,
-    /// Refused by ringway: fail closed, unsupported mesh destination.
-    NotAllowed,
-    /// The upstream refused the connection.
-    ConnectionRefused,
-    /// No route, timed out, no healthy endpoint, peer unreachable.
-    HostUnreachable,
-    NetworkUnreachable,
-    General,
-}
-
-impl Failure {
-    /// Classifies a failed upstream connect.
-    pub fn of_io(e: &std::io::Error) -> Failure {
-        match e.raw_os_error() {
-            Some(libc::ECONNREFUSED) => Failure::ConnectionRefused,
-            Some(libc::EHOSTUNREACH) | Some(libc::ETIMEDOUT) | Some(libc::EHOSTDOWN) => {
-                Failure::HostUnreachable
-            }
-            Some(libc::ENETUNREACH) | Some(libc::ENETDOWN) => Failure::NetworkUnreachable,
-            _ if e.kind() == std::io::ErrorKind::TimedOut => Failure::HostUnreachable,
-            _ => Failure::General,
-        }
-    }
-
-    /// Classifies a failed HBONE tunnel.
-    pub fn of_hbone(e: &hbone::client::HboneError) -> Failure {
-        use hbone::client::HboneError as E;
-        match e {
-            E::NoCertificate(_) | E::IdentityMismatch { .. } => Failure::NotAllowed,
-            E::Connect(..) | E::ConnectTimeout(_) => Failure::HostUnreachable,
-            E::Status(_, s) if *s == http::StatusCode::SERVICE_UNAVAILABLE => {
-                Failure::HostUnreachable
-            }
-            E::Status(_, s)
-                if *s == http::StatusCode::FORBIDDEN || *s == http::StatusCode::UNAUTHORIZED =>
-            {
-                Failure::NotAllowed
-            }
-            _ => Failure::General,
-        }
-    }
-}
-
-/// What the client gets when its connection will not be made.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// RST: it believed it was connected; a reset tells the truth.
-    Reset,
-    /// A plain close.
-    Close,
-    /// These bytes, then a close.
-    Reply(Vec<u8>),
-}
-
-/// Captured traffic: the client believes it is already connected, so
-/// nothing is said on success and a failure resets it (a loop is just
-/// closed).
-pub struct Transparent;
-
-impl Downstream for Transparent {
-    fn established(&mut self, _upstream: Option<BorrowedFd<'_>>) -> Option<Vec<u8>> {
-        None
-    }
-
-    fn failed(&mut self, failure: Failure) -> Refusal {
-        match failure {
-            Failure::Loop => Refusal::Close,
-            _ => Refusal::Reset,
-        }
-    }
-}
+use crate::inpod::PodNetns;
+use crate::io::socket;
+use crate::proxy::direct::proxy_direct;
+use crate::proxy::downstream::{announce, refuse, Downstream, Failure, Transparent};
+use crate::proxy::fast_path::{on_this_node, serve_local, LocalNext};
+use crate::telemetry::accesslog::{ConnLog, Names};
+use crate::telemetry::metrics::{ConnLabels, Reporter};
 
 /// Serves one captured outbound connection: reads where it was going (at
 /// accept, no await needed) and returns the [`route`] future, or None when
@@ -299,7 +208,7 @@ fn next_step(
         source,
         network: &core.cfg.network,
         dst,
-        hbone_port: core.pool.cfg.hbone_port,
+        hbone_port: core.hbone.pool.cfg.hbone_port,
     };
     let network = &core.cfg.network;
     let service = snapshot.service_by_addr(network, dst.ip());
@@ -394,179 +303,11 @@ fn next_step(
     }
 }
 
-/// Ends a connection that will not be made: tells the client what
-/// `downstream` says for `failure`, and logs `why`.
-///
-/// Returns the refusal boxed: `route` awaits it at six places, and an
-/// unboxed refusal (with its timed reply write) would make every
-/// connection's future, refused or not, reserve room for it for life.
-fn refuse<'a>(
-    core: &'a CoreInputs,
-    client: &'a OwnedFd,
-    downstream: &'a mut dyn Downstream,
-    failure: Failure,
-    log: &'a ConnLog,
-    why: String,
-) -> Pin<Box<dyn Future<Output = ()> + 'a>> {
-    Box::pin(async move {
-        let fd = client.as_raw_fd();
-        match downstream.failed(failure) {
-            Refusal::Reset => socket::set_reset_on_close(fd),
-            Refusal::Close => {}
-            Refusal::Reply(bytes) => reply_and_close(core, fd, &bytes).await,
-        }
-        log.fail(why);
-    })
-}
-
-/// Sends what `downstream` has to say once the upstream is established;
-/// false (and logged) if the client could not be told.
-async fn announce(
-    core: &CoreInputs,
-    client: &OwnedFd,
-    downstream: &mut dyn Downstream,
-    upstream: Option<BorrowedFd<'_>>,
-    log: &ConnLog,
-) -> bool {
-    let Some(bytes) = downstream.established(upstream) else {
-        return true;
-    };
-    let write = Box::pin(timed_write_all(core, client.as_raw_fd(), &bytes));
-    match write.await {
-        Some(Ok(())) => true,
-        Some(Err(e)) => {
-            log.fail(format!("could not tell the client it is connected: {e}"));
-            false
-        }
-        None => {
-            log.fail("could not tell the client it is connected: write timed out");
-            false
-        }
-    }
-}
-
 /// The workload an outbound HBONE tunnel speaks for.
 struct Source {
     identity: Identity,
     /// Its `baggage` header (ztunnel's format).
     baggage: String,
-}
-
-/// Whether `dst` is a workload this ringway itself serves, so that the
-/// fast path may skip the HBONE hop. Only with `--node-name`: without it
-/// every workload in the config counts as local for inbound, and taking the
-/// fast path to one on another node would send its traffic there as
-/// plaintext. In dedicated mode only the proxy workload itself is served
-/// here.
-fn on_this_node(core: &CoreInputs, snapshot: &Snapshot, dst: SocketAddr) -> bool {
-    if core.cfg.node_name.is_none() {
-        return false;
-    }
-    match local_workload(snapshot, &core.cfg, dst.ip()) {
-        None => false,
-        Some(w) => core.cfg.proxy_workload.as_ref().is_none_or(|pw| pw.is(w)),
-    }
-}
-
-/// A same-node HBONE destination: the workload's address and port, the
-/// identity the tunnel would have presented, and the snapshot the plan was
-/// made with (in on-demand mode fresher than the core's).
-struct LocalNext {
-    authority: SocketAddr,
-    src_identity: Identity,
-    #[allow(clippy::redundant_allocation)] // the core's snapshot type
-    snapshot: Rc<Arc<Snapshot>>,
-}
-
-/// The same-node fast path: what the HBONE hop to this ringway's own 15008
-/// would have done, in-process. The destination's policies decide with the
-/// source workload's identity as the peer (as they would after mTLS); the
-/// connection is registered for late rejection; the application is reached
-/// directly. Two access-log lines, as two hops would write: this outbound
-/// one (route `same_node`) and an inbound one.
-async fn serve_local(
-    core: &Rc<CoreInputs>,
-    client: OwnedFd,
-    next: Box<LocalNext>,
-    log: &mut ConnLog,
-    downstream: &mut dyn Downstream,
-) {
-    let LocalNext {
-        authority,
-        src_identity,
-        snapshot,
-    } = *next;
-    log.src_identity = Some(src_identity.to_string());
-    log.dst = Some(authority);
-    let mut inbound = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound);
-    inbound.src = log.src;
-    inbound.dst = Some(authority);
-    inbound.names = log.names.clone();
-    inbound.route = "same_node";
-    inbound.src_identity = log.src_identity.clone();
-    inbound.dst_identity = log.dst_identity.clone();
-    // What the HBONE hop would have refused before its policies: a call to
-    // one of ringway's own ports, and (at its TLS handshake) a source in
-    // another trust domain than the destination's.
-    let refusal = if core.self_addrs.ports.contains(&authority.port()) {
-        Some(format!(
-            "{authority} is one of ringway's own listener ports (self call)"
-        ))
-    } else {
-        local_workload(&snapshot, &core.cfg, authority.ip())
-            .filter(|w| w.trust_domain != src_identity.trust_domain)
-            .map(|w| {
-                format!(
-                    "source trust domain {:?} is not the destination's {:?}",
-                    src_identity.trust_domain, w.trust_domain
-                )
-            })
-    };
-    if let Some(why) = refusal {
-        inbound.fail(format!("400: {why}"));
-        let why = format!("refused: {why}");
-        return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
-    }
-    // Counted as the destination's proxy would count the HBONE hop.
-    let network = &core.cfg.network;
-    let source = log
-        .src
-        .and_then(|a| snapshot.workload_by_addr(network, a.ip()));
-    let destination = local_workload(&snapshot, &core.cfg, authority.ip());
-    inbound.count(core.metrics.counters(&ConnLabels {
-        reporter: Reporter::Destination,
-        src: source.map(|w| &**w),
-        src_principal: Some(&src_identity),
-        dst: destination.map(|w| &**w),
-        dst_principal: destination.map(|w| w.spiffe()).as_ref().map(|p| p as _),
-        service: None,
-        mtls: true,
-    }));
-    let conn = Inbound {
-        src: log.src.map_or(authority.ip(), |s| s.ip()),
-        dst: authority,
-        peer: Some(Rc::new(src_identity)),
-    };
-    let admitted = authorization::admit(&core.admitted, &snapshot, &core.cfg, conn);
-    drop(snapshot);
-    let ticket = match admitted {
-        Ok(t) => t,
-        Err(refusal) => {
-            inbound.fail(format!("401: {refusal}"));
-            let why = format!("refused by the destination: {refusal}");
-            return refuse(core, &client, downstream, Failure::NotAllowed, log, why).await;
-        }
-    };
-    let log = &*log;
-    direct_until_revoked(core, client, authority, log, downstream, None, &ticket).await;
-    // What the client sent, the application received, and back.
-    inbound.from_client.add(log.from_client.get());
-    inbound.to_client.add(log.to_client.get());
-    match log.outcome() {
-        Some((true, outcome)) => inbound.finish(outcome),
-        Some((false, why)) => inbound.fail(why),
-        None => {}
-    }
 }
 
 /// Where an HBONE stream goes: mTLS to `peer` (an HBONE port) whose
@@ -607,12 +348,9 @@ async fn open_hbone(
         forwarded: hbone::forwarded(log.src.unwrap_or(authority), host.as_deref()),
         baggage: source.baggage,
         traceparent,
-        pod: log
-            .pod
-            .as_ref()
-            .map(|p| crate::inpod::PodNetns(p.0.clone())),
+        pod: log.pod.as_ref().map(|p| PodNetns(p.0.clone())),
     };
-    hbone::client::open(core, tunnel).await
+    core.hbone.open(tunnel).await
 }
 
 /// Tunnels the client connection over the stream [`open_hbone`] opened
@@ -653,165 +391,6 @@ fn proxy_hbone<'a>(
             hbone::PumpOutcome::Closed => log.finish("closed"),
             other => log.fail(other.describe()),
         }
-    }
-}
-
-/// Connects to `upstream` and proxies until both sides are done. Shared
-/// with the inbound passthrough path (which passes [`Transparent`]).
-pub async fn proxy_direct(
-    core: &CoreInputs,
-    client: OwnedFd,
-    upstream: SocketAddr,
-    log: &ConnLog,
-    downstream: &mut dyn Downstream,
-    source: Option<std::net::IpAddr>,
-) {
-    let connecting = socket::connect_from(
-        &core.poller,
-        upstream,
-        core.cfg.connect,
-        source,
-        log.netns(),
-    );
-    let server = match connecting.await {
-        Ok(s) => s,
-        Err(e) => {
-            let why = format!("upstream connect to {upstream} failed: {e}");
-            return refuse(core, &client, downstream, Failure::of_io(&e), log, why).await;
-        }
-    };
-    if !announce(core, &client, downstream, Some(server.as_fd()), log).await {
-        return;
-    }
-    let outcome = core
-        .copier
-        .bidirectional(&client, &server, &log.from_client, &log.to_client)
-        .await;
-    match outcome {
-        crate::copy::CopyOutcome::Closed => log.finish("closed"),
-        other => log.fail(other.describe()),
-    }
-}
-
-/// [`proxy_direct`] for an admitted inbound connection: until it ends, or
-/// until a later config denies it (`ticket`). Then the sockets close when
-/// the copy is dropped, right after, with a reset for the client rather
-/// than a clean end of stream.
-pub async fn direct_until_revoked(
-    core: &CoreInputs,
-    client: OwnedFd,
-    upstream: SocketAddr,
-    log: &ConnLog,
-    downstream: &mut dyn Downstream,
-    source: Option<std::net::IpAddr>,
-    ticket: &authorization::Ticket,
-) {
-    let fd = client.as_raw_fd();
-    let carried = proxy_direct(core, client, upstream, log, downstream, source);
-    let revoked = async {
-        let why = ticket.revoked().await;
-        socket::set_reset_on_close(fd);
-        log.fail(format!("closed: {why}"));
-    };
-    futures_lite::future::or(carried, revoked).await;
-}
-
-/// Sends a final reply (a refusal), bounded by the handshake timeout,
-/// then FIN. What the client already sent is read and dropped, so that
-/// closing with unread data does not turn into an RST that could overtake
-/// the reply.
-pub(crate) async fn reply_and_close(core: &CoreInputs, fd: RawFd, bytes: &[u8]) {
-    if matches!(timed_write_all(core, fd, bytes).await, Some(Ok(()))) {
-        let _ = socket::shutdown_write(fd);
-        discard_pending(fd);
-    }
-}
-
-/// Writes a handshake-time message (a SOCKS5 reply), bounded by the
-/// handshake timeout; None = timed out.
-pub(crate) async fn timed_write_all(
-    core: &CoreInputs,
-    fd: RawFd,
-    bytes: &[u8],
-) -> Option<std::io::Result<()>> {
-    let reg = Registration::new(&core.poller, fd);
-    hbone::with_timeout(
-        core.cfg.handshake_timeout,
-        crate::stream::write_all(&reg, bytes),
-    )
-    .await
-}
-
-/// Reads and drops whatever is already queued (nonblocking, bounded).
-fn discard_pending(fd: RawFd) {
-    let mut scratch = [0u8; 4096];
-    for _ in 0..16 {
-        match socket::read(fd, &mut scratch) {
-            Ok(n) if n > 0 => continue,
-            _ => return,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io;
-
-    #[test]
-    fn transparent_clients_are_reset_except_on_loops() {
-        let mut t = Transparent;
-        assert_eq!(t.established(None), None);
-        assert_eq!(t.failed(Failure::Loop), Refusal::Close);
-        for f in [
-            Failure::NotAllowed,
-            Failure::ConnectionRefused,
-            Failure::HostUnreachable,
-            Failure::NetworkUnreachable,
-            Failure::General,
-        ] {
-            assert_eq!(t.failed(f), Refusal::Reset, "{f:?}");
-        }
-    }
-
-    #[test]
-    fn connect_errors_are_classified() {
-        let os = io::Error::from_raw_os_error;
-        assert_eq!(
-            Failure::of_io(&os(libc::ECONNREFUSED)),
-            Failure::ConnectionRefused
-        );
-        assert_eq!(
-            Failure::of_io(&os(libc::EHOSTUNREACH)),
-            Failure::HostUnreachable
-        );
-        assert_eq!(
-            Failure::of_io(&io::Error::from(io::ErrorKind::TimedOut)),
-            Failure::HostUnreachable
-        );
-        assert_eq!(
-            Failure::of_io(&os(libc::ENETUNREACH)),
-            Failure::NetworkUnreachable
-        );
-        assert_eq!(Failure::of_io(&os(libc::EMFILE)), Failure::General);
-        let addr: SocketAddr = "10.0.0.1:15008".parse().unwrap();
-        use hbone::client::HboneError as E;
-        assert_eq!(
-            Failure::of_hbone(&E::ConnectTimeout(addr)),
-            Failure::HostUnreachable
-        );
-        assert_eq!(
-            Failure::of_hbone(&E::Status(addr, http::StatusCode::SERVICE_UNAVAILABLE)),
-            Failure::HostUnreachable
-        );
-        assert_eq!(
-            Failure::of_hbone(&E::Status(addr, http::StatusCode::FORBIDDEN)),
-            Failure::NotAllowed
-        );
-        assert_eq!(
-            Failure::of_hbone(&E::Tls(addr, "x".into())),
-            Failure::General
-        );
     }
 }
 

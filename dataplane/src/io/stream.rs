@@ -1,7 +1,7 @@
 //! Async byte streams over our own nonblocking sockets, driven by the
 //! per-core readiness ring: what rustls and h2 run on. Bytes that must be
 //! decrypted cannot be spliced, so the HBONE paths read and write through
-//! userspace here; plain passthrough stays on [`crate::copy`].
+//! userspace here; plain passthrough stays on [`crate::io::copy`].
 //! Core-local (!Send).
 
 use std::io;
@@ -13,8 +13,8 @@ use std::task::{ready, Context, Poll};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::socket;
-use crate::uring::{Poller, Registration};
+use crate::io::socket;
+use crate::io::uring::{Poller, Registration};
 
 /// Bytes pulled from the socket per read when the caller asks for less.
 /// rustls reads TLS in slices of at most 4 KiB beyond a partial record, so

@@ -19,31 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringway_controlplane::model::{Service, Workload};
+
+use crate::io::count::Counter;
 use ringway_controlplane::sources::xds::{
     TerminationReason, XdsMetrics, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
-
-/// A counter (or gauge) that one core writes and any thread reads.
-#[derive(Default, Debug)]
-pub struct Counter(AtomicU64);
-
-impl Counter {
-    /// Only the owning core calls this: with a single writer a relaxed
-    /// load-then-store loses nothing, and needs no locked instruction.
-    pub fn add(&self, n: u64) {
-        let v = self.0.load(Ordering::Relaxed);
-        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
-    }
-
-    /// A gauge's new value (owning core only).
-    pub fn set(&self, v: u64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// Istio's `response_flags`, as ztunnel reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,7 +279,7 @@ impl ProcessStats {
         ProcessStats {
             open_fds,
             max_fds,
-            log_lines_dropped: crate::logfmt::dropped_lines() as u64,
+            log_lines_dropped: crate::telemetry::logfmt::dropped_lines() as u64,
         }
     }
 }

@@ -27,7 +27,7 @@ use ringway_controlplane::model::Workload;
 use ringway_controlplane::Snapshot;
 use slab::Slab;
 
-use crate::config::ProxyConfig;
+use crate::core::config::ProxyConfig;
 
 /// The workload at `ip` if this node serves it: on this node's network
 /// and, when `--node-name` is set, on this node.
@@ -294,7 +294,7 @@ mod tests {
     use ringway_controlplane::sources::local::load_snapshot;
 
     fn cfg(node: Option<&str>) -> ProxyConfig {
-        let mut c = ProxyConfig::from_args(&crate::config::test_args());
+        let mut c = crate::app::cli::test_args().proxy_config();
         c.node_name = node.map(str::to_owned);
         c
     }

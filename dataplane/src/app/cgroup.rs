@@ -1,7 +1,7 @@
 //! What a container limits this process's CPUs to, besides its affinity
 //! mask: the cgroup CPU quota (CFS bandwidth: cgroup v2 `cpu.max`, v1
 //! `cpu.cfs_quota_us` / `cpu.cfs_period_us`), the cgroup cpuset, and the
-//! CPUs the machine has online. [`crate::config::plan_cores`] turns them
+//! CPUs the machine has online. [`crate::app::plan::plan_cores`] turns them
 //! into an executor count and a pinning decision.
 //!
 //! Parsing and reading are apart so both can be tested: the parsers on
@@ -50,7 +50,7 @@ impl CpuQuota {
     }
 
     /// Whole CPUs, rounded up, at least one: the executor count that can
-    /// use the whole quota (see [`crate::config::plan_cores`]).
+    /// use the whole quota (see [`crate::app::plan::plan_cores`]).
     pub fn cpus_rounded_up(&self) -> usize {
         usize::try_from(self.quota_us.div_ceil(self.period_us))
             .unwrap_or(usize::MAX)

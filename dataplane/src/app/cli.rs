@@ -1,0 +1,601 @@
+//! Command line and environment: everything an operator tunes. Parsed once
+//! on the main thread; [`Args::proxy_config`] builds the settings every
+//! core gets a copy of ([`ProxyConfig`]), each part in the settings type of
+//! the layer that reads it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+use ringway_controlplane::model::WorkloadName;
+
+use super::plan::PinMode;
+use crate::core::config::ProxyConfig;
+use crate::hbone::pool::PoolConfig;
+use crate::hbone::H2Settings;
+use crate::io::copy::CopyMode;
+use crate::io::socket::ConnectOpts;
+
+/// ringway: a thread-per-core io_uring node proxy for Istio's ambient mesh.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "ringway",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: Args,
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Certificates from the built-in CA.
+    #[command(subcommand)]
+    Cert(CertCommand),
+}
+
+#[derive(Subcommand, Debug, Clone)]
+pub enum CertCommand {
+    /// Mint a workload certificate (key.pem, cert.pem, cert-chain.pem,
+    /// root-cert.pem) so other tools can speak HBONE to ringway.
+    Issue {
+        /// spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>
+        spiffe_id: String,
+        /// CA directory (Istio cacerts layout; created if empty).
+        #[arg(long, env = "RINGWAY_CA_DIR", default_value = "ringway-ca")]
+        ca_dir: PathBuf,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity.
+        #[arg(long, default_value = "24h", value_parser = parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// Flags for running the proxy.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Local config file (ztunnel LOCAL_XDS schema: workloads, services,
+    /// policies). Watched: a valid edit is applied, an invalid one is logged
+    /// and the last good config stays. Without it the embedded default
+    /// config (examples/local.yaml) is used.
+    #[arg(long, env = "RINGWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// How often the config file is checked for edits.
+    #[arg(long, env = "RINGWAY_CONFIG_POLL", default_value = "1s", value_parser = parse_duration)]
+    pub config_poll_interval: Duration,
+
+    /// Cores to run on: a count ("2": the first two CPUs this process may
+    /// use) or a CPU list ("0-3,6"; a single CPU is written "3-3"). One
+    /// executor per entry. Default: one per CPU this process may use (its
+    /// affinity mask within the cgroup cpuset), but no more than the cgroup
+    /// CPU quota rounded up (cpu.max, or cpu.cfs_quota_us in cgroup v1;
+    /// 1.5 CPUs → 2), the first N of them: more busy executors than the
+    /// quota pays for get the container throttled. The log line "cores
+    /// planned" says what was chosen and why.
+    #[arg(long, env = "RINGWAY_CORES")]
+    pub cores: Option<String>,
+
+    /// Pin each executor to its CPU, whatever the CPUs look like. Pays
+    /// when ringway has CPUs of its own; where it shares them with the
+    /// workloads, as a DaemonSet usually does, a pinned executor waits
+    /// behind whatever runs on its CPU (README: Pinning). Default
+    /// (neither --pin nor --no-pin): pinned only when the CPUs look
+    /// exclusive, i.e. the affinity mask leaves out some online CPUs and
+    /// the cgroup CPU quota is exactly as many whole CPUs as it allows, as
+    /// Kubernetes' static CPU manager policy gives a Guaranteed pod with
+    /// an integer CPU request. Where Kubernetes drops that quota
+    /// (DisableCPUQuotaWithExclusiveCPUs) exclusive CPUs look like a
+    /// shared pool: give --pin there.
+    #[arg(long, env = "RINGWAY_PIN")]
+    pub pin: bool,
+
+    /// Never pin executors, even on CPUs that look exclusive (see --pin).
+    /// Giving both is an error.
+    #[arg(long, env = "RINGWAY_NO_PIN")]
+    pub no_pin: bool,
+
+    /// Outbound capture listener(s) (original destination via
+    /// SO_ORIGINAL_DST). Comma-separated; port 0 picks a free port.
+    #[arg(
+        long,
+        env = "RINGWAY_OUTBOUND_ADDR",
+        default_value = "0.0.0.0:15001",
+        value_delimiter = ','
+    )]
+    pub outbound_addr: Vec<SocketAddr>,
+
+    /// Inbound plaintext passthrough listener(s) (SO_ORIGINAL_DST or TPROXY).
+    #[arg(
+        long,
+        env = "RINGWAY_INBOUND_PASSTHROUGH_ADDR",
+        default_value = "0.0.0.0:15006",
+        value_delimiter = ','
+    )]
+    pub inbound_passthrough_addr: Vec<SocketAddr>,
+
+    /// Inbound HBONE listener(s) (mTLS HTTP/2 CONNECT).
+    #[arg(
+        long,
+        env = "RINGWAY_INBOUND_ADDR",
+        default_value = "0.0.0.0:15008",
+        value_delimiter = ','
+    )]
+    pub inbound_addr: Vec<SocketAddr>,
+
+    /// Enable the SOCKS5 front door (RFC 1928: no-auth, CONNECT only) on
+    /// 127.0.0.1:15080. Its connections take the outbound path.
+    #[arg(long, env = "RINGWAY_SOCKS5")]
+    pub socks5: bool,
+
+    /// SOCKS5 listener address(es), comma-separated; implies --socks5.
+    /// Anyone who can reach it can use ringway's outbound path, so keep it
+    /// on loopback unless the network is trusted.
+    #[arg(long, env = "RINGWAY_SOCKS5_ADDR", value_delimiter = ',')]
+    pub socks5_addr: Vec<SocketAddr>,
+
+    /// splice: zero-copy through a pipe; copy: userspace buffer.
+    #[arg(long, env = "RINGWAY_COPY_MODE", value_enum, default_value = "splice")]
+    pub copy_mode: CopyMode,
+
+    /// SO_MARK on ringway's outgoing sockets so capture rules can skip them
+    /// (decimal or 0x hex; 0 disables).
+    #[arg(long, env = "RINGWAY_MARK", default_value = "0x539", value_parser = parse_u32)]
+    pub mark: u32,
+
+    /// Upstream connect timeout.
+    #[arg(long, env = "RINGWAY_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// TCP keepalive idle time and probe interval on proxied sockets
+    /// ("0s" disables).
+    #[arg(long, env = "RINGWAY_TCP_KEEPALIVE", default_value = "180s", value_parser = parse_duration)]
+    pub tcp_keepalive: Duration,
+
+    /// On SIGTERM/SIGINT: stop accepting, let open connections finish for
+    /// this long, then close them.
+    #[arg(long, env = "RINGWAY_DRAIN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// This node's network (workload and VIP lookups are scoped by it).
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
+
+    /// This node's name: certificates are prefetched for the workloads whose
+    /// `node` matches, and only they are served inbound (HBONE and
+    /// plaintext to any other address is refused). Unset: every workload in
+    /// the config counts as local.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Let outbound traffic from sources that are not workloads in the
+    /// config leave (plain TCP to non-mesh destinations only; HBONE still
+    /// needs a source identity). Off by default, as in ztunnel: a source
+    /// ringway does not know is refused, so nothing leaves the node
+    /// unauthenticated by accident, e.g. before the first config arrives.
+    /// For labs and benchmarks without a full mesh config.
+    #[arg(long, env = "RINGWAY_ALLOW_UNKNOWN_SOURCE")]
+    pub allow_unknown_source: bool,
+
+    /// Send HBONE to workloads on this node through ringway's own 15008
+    /// (TLS and a TCP hop) instead of the same-node fast path, which serves
+    /// them in-process as inbound: the same authorization and logs, no TLS,
+    /// one TCP hop less. For comparisons and debugging.
+    #[arg(long, env = "RINGWAY_NO_FAST_PATH")]
+    pub no_fast_path: bool,
+
+    /// Connect to local applications from the original client's address
+    /// (the tunnel's or the plaintext connection's TCP peer, never a
+    /// header a client writes), as ztunnel does, instead of from this
+    /// node's (or, in-pod, the pod's own). Needs CAP_NET_ADMIN and
+    /// return-path routing for the replies: istio-cni's in-pod rules carry
+    /// it (`scripts/inpod-rules.sh` too), so in-pod mode defaults to on, as
+    /// ztunnel's does; node-level capture needs `scripts/orig-src-rules.sh`
+    /// and defaults to off. `--orig-src=false` turns it off.
+    #[arg(long, env = "ENABLE_ORIG_SRC", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub orig_src: Option<bool>,
+
+    /// Dedicated mode ("namespace/name/service-account"), like ztunnel's
+    /// PROXY_MODE=dedicated with PROXY_WORKLOAD_INFO: every captured or
+    /// SOCKS5 connection speaks for this one workload of the config,
+    /// whatever address it comes from. Unset: the source workload is found
+    /// by the connection's source address.
+    #[arg(long, env = "PROXY_WORKLOAD_INFO", value_parser = parse_proxy_workload)]
+    pub proxy_workload: Option<WorkloadName>,
+
+    /// In-pod mode (ztunnel's shared mode with INPOD_ENABLED): the node
+    /// agent (istio-cni) enrolls each ambient pod over ZDS and ringway
+    /// listens on 15001/15006/15008 inside every enrolled pod's network
+    /// namespace, on every core, instead of on the node-level capture
+    /// addresses (--outbound-addr and friends are then not bound). Needs
+    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See README: Deploy on
+    /// Kubernetes.
+    #[arg(long, env = "INPOD_ENABLED", conflicts_with = "proxy_workload")]
+    pub inpod: bool,
+
+    /// The node agent's ZDS socket (unix SOCK_SEQPACKET), shared with
+    /// istio-cni by hostPath.
+    #[arg(long, env = "INPOD_UDS", default_value = ringway_controlplane::sources::zds::DEFAULT_SOCKET)]
+    pub inpod_uds: PathBuf,
+
+    /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
+    /// root-cert.pem, cert-chain.pem). A new root is generated there on
+    /// first start; copy the directory to share a trust root between nodes.
+    #[arg(long, env = "RINGWAY_CA_DIR", default_value = "ringway-ca")]
+    pub ca_dir: PathBuf,
+
+    /// Trust domain of the built-in CA's identities.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+
+    /// Lifetime of workload certificates (renewed at half-life).
+    #[arg(long, env = "RINGWAY_CERT_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub cert_ttl: Duration,
+
+    /// HTTP/2 stream window for HBONE (suffix K/M).
+    #[arg(long, env = "RINGWAY_H2_STREAM_WINDOW", default_value = "4M", value_parser = parse_size)]
+    pub h2_stream_window: u32,
+
+    /// HTTP/2 connection window for HBONE.
+    #[arg(long, env = "RINGWAY_H2_CONNECTION_WINDOW", default_value = "16M", value_parser = parse_size)]
+    pub h2_connection_window: u32,
+
+    /// HTTP/2 max frame size for HBONE (16K..16M-1).
+    #[arg(long, env = "RINGWAY_H2_MAX_FRAME", default_value = "1M", value_parser = parse_frame_size)]
+    pub h2_max_frame_size: u32,
+
+    /// Streams per pooled HBONE connection before another is opened.
+    #[arg(long, env = "RINGWAY_POOL_MAX_STREAMS", default_value_t = 100)]
+    pub pool_max_streams: usize,
+
+    /// Release pooled HBONE connections unused for this long.
+    #[arg(long, env = "RINGWAY_POOL_IDLE_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub pool_idle_timeout: Duration,
+
+    /// TLS + HTTP/2 handshakes, and a SOCKS5 client's greeting and
+    /// request, must complete within this (a peer that stalls
+    /// mid-handshake is dropped).
+    #[arg(long, env = "RINGWAY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// Port of peers' HBONE listeners.
+    #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
+    pub hbone_port: u16,
+
+    /// xDS server (Delta ADS for Istio's Address and Authorization types),
+    /// e.g. https://istiod.istio-system.svc:15012. Replaces --config as the
+    /// source of workloads, services and policies.
+    #[arg(long, env = "XDS_ADDRESS", conflicts_with = "config")]
+    pub xds_address: Option<String>,
+
+    /// PEM root(s) that authenticate the xDS server.
+    #[arg(long, env = "XDS_ROOT_CA")]
+    pub xds_root_ca: Option<PathBuf>,
+
+    /// Subscribe to no addresses up front; ask the control plane for each
+    /// unknown destination IP as connections meet it.
+    #[arg(long, env = "XDS_ON_DEMAND")]
+    pub xds_on_demand: bool,
+
+    /// How long a connection waits for an on-demand lookup before treating
+    /// the destination as unknown.
+    #[arg(long, env = "RINGWAY_ON_DEMAND_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub on_demand_timeout: Duration,
+
+    /// Istio CA (IstioCertificateService), e.g.
+    /// https://istiod.istio-system.svc:15012. Without it the built-in CA
+    /// signs workload certificates.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+
+    /// PEM root(s) that authenticate the CA server (also the trust bundle
+    /// for workload certificates).
+    #[arg(long, env = "CA_ROOT_CA")]
+    pub ca_root_ca: Option<PathBuf>,
+
+    /// File with the JWT sent as `authorization: Bearer` to xDS and the CA
+    /// (re-read on every connect).
+    #[arg(long, env = "AUTH_TOKEN")]
+    pub auth_token: Option<PathBuf>,
+
+    /// Cluster id sent to the control plane (`clusterid`).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+
+    /// How long a connection waits for a certificate it needs urgently
+    /// before failing closed.
+    #[arg(long, env = "RINGWAY_CERT_WAIT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub cert_wait_timeout: Duration,
+
+    /// Pin the control thread (xDS, CA, config) to this CPU.
+    #[arg(long, env = "RINGWAY_CONTROL_CORE")]
+    pub control_core: Option<usize>,
+
+    /// Readiness endpoint (`GET /healthz/ready`): 200 once the first config
+    /// of each type is applied, every core's listeners are bound and every
+    /// local HBONE workload has its certificate; 503 again if a core stops.
+    #[arg(long, env = "RINGWAY_READINESS_ADDR", default_value = "0.0.0.0:15021")]
+    pub readiness_addr: SocketAddr,
+
+    /// Prometheus metrics (`GET /metrics` or `/stats/prometheus`): Istio's
+    /// `istio_tcp_*` series, process and per-core gauges.
+    #[arg(long, env = "RINGWAY_STATS_ADDR", default_value = "0.0.0.0:15020")]
+    pub stats_addr: SocketAddr,
+
+    /// Admin endpoint (`/config_dump`, `/logging`, `/quitquitquit`,
+    /// `/cores`). Loopback only unless --admin-allow-remote: it can stop
+    /// the proxy and shows its whole config.
+    #[arg(long, env = "RINGWAY_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    pub admin_addr: SocketAddr,
+
+    /// Let --admin-addr be a non-loopback address.
+    #[arg(long, env = "RINGWAY_ADMIN_ALLOW_REMOTE")]
+    pub admin_allow_remote: bool,
+
+    /// Do not count Istio's TCP metrics (the scrape then has no istio_tcp_*
+    /// series): for measuring what they cost, or nodes that never scrape.
+    #[arg(long, env = "RINGWAY_NO_METRICS")]
+    pub no_metrics: bool,
+
+    /// Log format.
+    #[arg(long, env = "RINGWAY_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Log lines that may wait for the writer thread; beyond that, new lines
+    /// are dropped and counted (and the count logged) rather than making a
+    /// core wait for stdout.
+    #[arg(long, env = "RINGWAY_LOG_QUEUE_LINES", default_value_t = 65536,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub log_queue_lines: u32,
+
+    /// Once every core has bound its listeners, write their addresses here
+    /// as JSON (useful with port 0, for supervisors and tests).
+    #[arg(long, env = "RINGWAY_BOUND_ADDRS_FILE")]
+    pub bound_addrs_file: Option<PathBuf>,
+}
+
+/// Where SOCKS5 listens when only --socks5 is given.
+pub const DEFAULT_SOCKS5_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15080);
+
+impl Args {
+    /// Whether applications are reached from the client's address: as
+    /// asked, else on in in-pod mode only (see `--orig-src`).
+    pub fn orig_src(&self) -> bool {
+        self.orig_src.unwrap_or(self.inpod)
+    }
+
+    /// The SOCKS5 listener addresses; empty when it is off.
+    pub fn socks5_addrs(&self) -> Vec<SocketAddr> {
+        if !self.socks5_addr.is_empty() {
+            self.socks5_addr.clone()
+        } else if self.socks5 {
+            vec![DEFAULT_SOCKS5_ADDR]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (examples: 500ms, 10s, 5m)"))?;
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// "64K", "4M" (binary units) or plain bytes, as u32.
+pub fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("invalid size {s:?} (examples: 65535, 64K, 4M)"))
+}
+
+fn parse_frame_size(s: &str) -> Result<u32, String> {
+    let n = parse_size(s)?;
+    if !(16384..=16_777_215).contains(&n) {
+        return Err(format!("HTTP/2 max frame size must be 16K..16M-1, got {n}"));
+    }
+    Ok(n)
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let s = s.trim();
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("invalid number {s:?}"))
+}
+
+impl Args {
+    /// The pinning flags; both at once is an error. Checked here, not by
+    /// clap's `conflicts_with`, which also fires on an environment
+    /// variable set to "false" (RINGWAY_NO_PIN=false with --pin).
+    pub fn pin_mode(&self) -> anyhow::Result<PinMode> {
+        Ok(match (self.pin, self.no_pin) {
+            (true, true) => bail!(
+                "--pin and --no-pin (RINGWAY_PIN, RINGWAY_NO_PIN) contradict each other: give one"
+            ),
+            (true, false) => PinMode::On,
+            (false, true) => PinMode::Off,
+            (false, false) => PinMode::Auto,
+        })
+    }
+}
+
+/// `--proxy-workload`: "namespace/name/service-account".
+pub fn parse_proxy_workload(s: &str) -> Result<WorkloadName, String> {
+    s.parse()
+}
+
+impl Args {
+    /// The settings every core runs with.
+    pub fn proxy_config(&self) -> ProxyConfig {
+        ProxyConfig {
+            copy_mode: self.copy_mode,
+            connect: ConnectOpts {
+                mark: self.mark,
+                timeout: self.connect_timeout,
+                keepalive: (!self.tcp_keepalive.is_zero()).then_some(self.tcp_keepalive),
+            },
+            drain_timeout: self.drain_timeout,
+            network: self.network.clone(),
+            h2: H2Settings {
+                stream_window: self.h2_stream_window,
+                connection_window: self.h2_connection_window,
+                max_frame_size: self.h2_max_frame_size,
+            },
+            handshake_timeout: self.handshake_timeout,
+            on_demand_timeout: self.on_demand_timeout,
+            cert_wait_timeout: self.cert_wait_timeout,
+            node_name: self.node_name.clone(),
+            allow_unknown_source: self.allow_unknown_source,
+            proxy_workload: self.proxy_workload.clone(),
+            orig_src: self.orig_src(),
+            fast_path: !self.no_fast_path,
+            pool: PoolConfig {
+                max_streams: self.pool_max_streams.max(1),
+                idle_timeout: self.pool_idle_timeout,
+                hbone_port: self.hbone_port,
+                ..PoolConfig::default()
+            },
+        }
+    }
+}
+
+/// The flags as if given none: defaults everywhere (for unit tests).
+#[cfg(test)]
+pub fn test_args() -> Args {
+    Cli::try_parse_from(["ringway"]).unwrap().run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_flags_conflict_and_default_to_auto() {
+        let parse = |args: &[&str]| {
+            let mut full = vec!["ringway"];
+            full.extend_from_slice(args);
+            Cli::try_parse_from(full).unwrap().run.pin_mode()
+        };
+        assert_eq!(parse(&[]).unwrap(), PinMode::Auto);
+        assert_eq!(parse(&["--pin"]).unwrap(), PinMode::On);
+        assert_eq!(parse(&["--no-pin"]).unwrap(), PinMode::Off);
+        let e = parse(&["--pin", "--no-pin"]).unwrap_err().to_string();
+        assert!(e.contains("contradict"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_size("65535").unwrap(), 65535);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("8192M").is_err());
+        assert!(parse_frame_size("1K").is_err());
+        assert_eq!(parse_frame_size("1M").unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn socks5_is_off_unless_asked_for() {
+        let parse = |args: &[&str]| {
+            let mut full = vec!["ringway"];
+            full.extend_from_slice(args);
+            Cli::try_parse_from(full).unwrap().run.socks5_addrs()
+        };
+        assert!(parse(&[]).is_empty());
+        assert_eq!(
+            parse(&["--socks5"]),
+            vec!["127.0.0.1:15080".parse().unwrap()]
+        );
+        assert_eq!(
+            parse(&["--socks5-addr", "127.0.0.1:1080,[::1]:1080"]),
+            vec![
+                "127.0.0.1:1080".parse::<SocketAddr>().unwrap(),
+                "[::1]:1080".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            parse(&["--socks5", "--socks5-addr", "127.0.0.1:0"]),
+            vec!["127.0.0.1:0".parse().unwrap()]
+        );
+    }
+
+    /// Original source: asked for, or by default in in-pod mode only.
+    #[test]
+    fn orig_src_defaults_on_in_pod_only() {
+        let parse = |args: &[&str]| {
+            let mut full = vec!["ringway"];
+            full.extend_from_slice(args);
+            Cli::try_parse_from(full).unwrap().run.orig_src()
+        };
+        assert!(!parse(&[]));
+        assert!(parse(&["--orig-src"]));
+        assert!(parse(&["--orig-src=true"]));
+        assert!(parse(&["--inpod"]));
+        assert!(!parse(&["--inpod", "--orig-src=false"]));
+        assert!(!parse(&["--orig-src=false"]));
+    }
+
+    #[test]
+    fn marks() {
+        assert_eq!(parse_u32("0x539").unwrap(), 1337);
+        assert_eq!(parse_u32("1337").unwrap(), 1337);
+        assert!(parse_u32("zz").is_err());
+    }
+}

@@ -1,0 +1,378 @@
+//! The executors: one per planned CPU, each running its core's main loop
+//! (`core_main`): accept on its listeners (and, in-pod mode, on every
+//! enrolled pod's), follow snapshot and certificate publications (deciding
+//! open connections again when policies change), reap the HBONE pool,
+//! copy its counts for the scraper, and at shutdown drain.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use ringway_controlplane::security::certs::CertFeed;
+use ringway_controlplane::SnapshotFeed;
+use tokio::sync::watch;
+
+use super::plan::CorePlan;
+use crate::core::authorization::Recheck;
+use crate::core::config::ProxyConfig;
+use crate::core::{ControlHandles, CoreInputs};
+use crate::hbone::client::{Client, ClientSettings};
+use crate::hbone::pool::Pool;
+use crate::hbone::tls::Certificates;
+use crate::inpod::{PodFeed, PodScope};
+use crate::io::copy::{self, Copier};
+use crate::io::executor::{self, timer};
+use crate::io::listener::{BoundListener, SelfAddrs};
+use crate::io::uring::Poller;
+use crate::proxy::accept::accept_loop;
+use crate::telemetry::accesslog::OpenConnections;
+use crate::telemetry::metrics::CoreMetrics;
+
+/// What crosses into a core at startup (Send).
+pub struct CoreSeed {
+    pub index: usize,
+    pub cfg: ProxyConfig,
+    pub listeners: Vec<BoundListener>,
+    pub feed: SnapshotFeed,
+    pub cert_feed: CertFeed,
+    pub control: ControlHandles,
+    pub shutdown: watch::Receiver<bool>,
+    pub self_addrs: SelfAddrs,
+    pub metrics: CoreMetrics,
+    /// In-pod mode: the enrolled pods, whose listeners this core serves.
+    pub pods: Option<PodFeed>,
+}
+
+async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result<()> {
+    let CoreSeed {
+        index,
+        cfg,
+        listeners,
+        mut feed,
+        cert_feed,
+        control,
+        mut shutdown,
+        self_addrs,
+        metrics,
+        pods,
+    } = seed;
+    let (force_tx, force_close) = watch::channel(false);
+    let poller: Rc<Poller> = executor::poller();
+    let certs = Rc::new(Certificates::new(
+        control.cert_feed.clone(),
+        control.cert_requests.clone(),
+        cfg.cert_wait_timeout,
+    ));
+    let hbone = Client::new(
+        Pool::new(cfg.pool),
+        ClientSettings {
+            connect: cfg.connect,
+            handshake_timeout: cfg.handshake_timeout,
+            h2: cfg.h2,
+        },
+        poller.clone(),
+        certs.clone(),
+        index,
+    );
+    let copier = Copier::new(poller.clone(), cfg.copy_mode);
+    let core = Rc::new(CoreInputs::new(
+        index,
+        cfg,
+        poller,
+        copier,
+        self_addrs,
+        Rc::new(OpenConnections::new(metrics.stats.clone())),
+        hbone,
+        certs,
+        metrics,
+        shutdown.clone(),
+        force_close,
+        control,
+        feed.current(),
+    ));
+
+    // Follow snapshot publications: swap the core's slot (never block),
+    // then authorize again the open inbound connections the change may
+    // concern, closing those now denied.
+    let watcher = {
+        let core = core.clone();
+        executor::spawn_local(async move {
+            while feed.changed().await.is_ok() {
+                let snap = feed.current();
+                tracing::debug!(
+                    core = core.index,
+                    version = snap.version(),
+                    "snapshot applied"
+                );
+                let received_at = snap.received_at();
+                let old = core.replace_snapshot(snap);
+                if let Some(at) = received_at {
+                    core.metrics.stats.propagation.record(at.elapsed());
+                }
+                let new = core.snapshot();
+                // In batches, yielding between them: thousands of open
+                // connections must not stall the core's other tasks.
+                let mut r = Recheck::default();
+                for batch in core.admitted.keys().chunks(256) {
+                    r += core.admitted.recheck(batch, &old, &new, &core.cfg);
+                    executor::yield_if_needed().await;
+                }
+                if r.revoked > 0 {
+                    tracing::info!(
+                        core = core.index,
+                        version = new.version(),
+                        checked = r.checked,
+                        closed = r.revoked,
+                        late_rejections = core.admitted.late_rejections(),
+                        "authorization re-checked after a config change; closing what is now denied"
+                    );
+                }
+            }
+        })
+    };
+
+    let cert_watcher = {
+        let certs = core.certs.clone();
+        executor::spawn_local(async move { certs.follow(cert_feed).await })
+    };
+    // Release idle and broken pooled HBONE connections.
+    let reaper = {
+        let core = core.clone();
+        executor::spawn_local(async move {
+            let every = crate::hbone::client::reap_interval(core.hbone.pool.cfg.idle_timeout);
+            loop {
+                executor::timer::sleep(every).await;
+                core.hbone.pool.reap();
+            }
+        })
+    };
+    // Counts kept where they are made (the executor, the late-rejection
+    // registry), copied for the scraper once a second.
+    let stats = {
+        let core = core.clone();
+        executor::spawn_local(async move {
+            loop {
+                let s = &core.metrics.stats;
+                s.task_panics.set(executor::task_panics());
+                s.late_rejections.set(core.admitted.late_rejections());
+                s.snapshot_version.set(core.snapshot().version());
+                s.pool_connections.set(core.hbone.pool.connections() as u64);
+                let (pipes, buffers) = copy::held();
+                s.pipes_held.set(pipes as u64);
+                s.buffers_held.set(buffers as u64);
+                s.tasks.set(executor::task_count() as u64);
+                executor::timer::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+    let accept_tasks: Vec<_> = listeners
+        .into_iter()
+        .map(|l| executor::spawn_local(accept_loop(core.clone(), l, None)))
+        .collect();
+    let pod_follower = pods.map(|feed| executor::spawn_local(follow_pods(core.clone(), feed)));
+    let _ = ready.send(index);
+
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            break;
+        }
+    }
+    // Drain: dropping the accept tasks closes this core's listening sockets
+    // (the pods' with the follower, which owns them).
+    drop(accept_tasks);
+    drop(pod_follower);
+    let open = core.open.get();
+    if open > 0 {
+        tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");
+    }
+    let drained = timer::timeout(core.cfg.drain_timeout, core.open.all_closed()).await;
+    if drained.is_err() {
+        tracing::warn!(
+            core = index,
+            open = core.open.get(),
+            "drain deadline reached; closing the remaining connections"
+        );
+        let _ = force_tx.send(true);
+        // Let the cancelled connections run their drop (close, access log).
+        let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
+    }
+    drop((watcher, cert_watcher, reaper, stats));
+    Ok(())
+}
+
+/// One enrolled pod on this core: its accept loops (which own this core's
+/// listeners in the pod's namespace) and the scope its connections share.
+struct CorePod {
+    scope: Rc<PodScope>,
+    _accepting: Vec<executor::Task<()>>,
+}
+
+/// Follows the published pod set: starts accepting on a new pod's
+/// listeners, and for a removed pod closes them at once, lets its
+/// connections finish for `--drain-timeout`, then closes the rest and
+/// its pooled tunnels. Reports each step to the manager, which acks the
+/// agent only when every core has done it.
+async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
+    let mut running: HashMap<String, CorePod> = Default::default();
+    loop {
+        let set = feed.borrow_and_update().clone();
+        let gone: Vec<String> = running
+            .iter()
+            .filter(|(uid, p)| {
+                set.pods
+                    .get(*uid)
+                    .is_none_or(|e| e.generation != p.scope.entry.generation)
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in gone {
+            let pod = running.remove(&uid).expect("listed above");
+            let CorePod { scope, _accepting } = pod;
+            drop(_accepting);
+            scope.entry.stopped.fetch_add(1, Ordering::AcqRel);
+            let core = core.clone();
+            executor::spawn_detached(async move {
+                let drain = core.cfg.drain_timeout;
+                if timer::timeout(drain, scope.all_closed()).await.is_err() {
+                    tracing::info!(
+                        core = core.index,
+                        pod = %scope.entry.uid,
+                        open = scope.open(),
+                        "pod removed: closing its remaining connections"
+                    );
+                }
+                // Closed either way: the pool's reaper drops any tunnel of
+                // the pod that was still being opened.
+                scope.close();
+                let generation = scope.entry.generation;
+                core.hbone.pool.retain(|key| {
+                    key.pod
+                        .as_ref()
+                        .is_none_or(|p| p.0.entry.generation != generation)
+                });
+            });
+        }
+        for (uid, entry) in &set.pods {
+            if running.contains_key(uid) {
+                continue;
+            }
+            let Some(listeners) = entry.take_listeners(core.index) else {
+                continue;
+            };
+            let scope = Rc::new(PodScope::new(entry.clone()));
+            let accepting = listeners
+                .into_iter()
+                .map(|l| executor::spawn_local(accept_loop(core.clone(), l, Some(scope.clone()))))
+                .collect();
+            entry.serving.fetch_add(1, Ordering::AcqRel);
+            running.insert(
+                uid.clone(),
+                CorePod {
+                    scope,
+                    _accepting: accepting,
+                },
+            );
+        }
+        core.metrics.stats.pods.set(running.len() as u64);
+        if feed.changed().await.is_err() {
+            // The ZDS thread is gone (it failed; readiness says so). The
+            // pods enrolled so far keep being served rather than all being
+            // dropped at once; the drain at shutdown ends them.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Readiness goes 503 for good when it is dropped: when a core's future
+/// ends (at drain, or with an error) or unwinds (the core panicked).
+struct CoreRunning {
+    index: usize,
+    ready: Arc<AtomicBool>,
+}
+
+impl Drop for CoreRunning {
+    fn drop(&mut self) {
+        self.ready.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            tracing::error!(
+                core = self.index,
+                "core crashed: readiness reports 503 from now on"
+            );
+        }
+    }
+}
+
+/// Starts one executor per planned core and waits until every core has its
+/// listeners running. A core that dies before signalling readiness (no
+/// io_uring, a CPU that is not ours) is detected immediately and its error
+/// returned. `ready` (the readiness endpoint's "every core runs") is
+/// cleared as soon as any core stops.
+pub fn start_cores(
+    plan: &CorePlan,
+    seeds: Vec<CoreSeed>,
+    ready: &Arc<AtomicBool>,
+) -> anyhow::Result<Vec<executor::JoinHandle<anyhow::Result<()>>>> {
+    let mut starting = Vec::new();
+    for (seed, &cpu) in seeds.into_iter().zip(&plan.cpus) {
+        // One channel per core: if the executor fails to initialise, its
+        // closure (and so the sender) is dropped and recv sees Disconnected.
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let index = seed.index;
+        let handle = executor::Builder::new(format!("ringway-core{index}"))
+            .pin(plan.pin.then_some(cpu))
+            .spawn({
+                let ready = ready.clone();
+                move || async move {
+                    let _running = CoreRunning { index, ready };
+                    let r = core_main(seed, ready_tx).await;
+                    if let Err(e) = &r {
+                        tracing::error!(core = index, error = %format!("{e:#}"), "core failed");
+                    }
+                    r
+                }
+            })
+            .map_err(|e| anyhow!("cannot start the executor for core {index} (cpu {cpu}): {e}"))?;
+        starting.push((index, cpu, handle, ready_rx));
+    }
+    let mut handles = Vec::new();
+    for (index, cpu, handle, ready_rx) in starting {
+        match ready_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(_) => handles.push(handle),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let why = match handle.join() {
+                    Ok(Ok(())) => "it exited early".to_string(),
+                    Ok(Err(e)) => format!("{e:#}"),
+                    Err(e) => e.to_string(),
+                };
+                bail!("core {index} (cpu {cpu}) failed to start: {why}");
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("core {index} (cpu {cpu}) did not become ready within 30s")
+            }
+        }
+    }
+    Ok(handles)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Readiness's "every core runs" goes false when a core's thread
+    /// unwinds, as it does when the core panics.
+    #[test]
+    fn a_crashed_core_clears_readiness() {
+        let ready = Arc::new(AtomicBool::new(true));
+        let r = ready.clone();
+        let crashed = std::thread::spawn(move || {
+            let _running = CoreRunning { index: 3, ready: r };
+            panic!("a core's own loop failed");
+        })
+        .join();
+        assert!(crashed.is_err());
+        assert!(!ready.load(Ordering::Acquire));
+    }
+}

@@ -1,0 +1,36 @@
+//! What every core needs to know, fixed at startup: built by the command
+//! line (`app::cli`) from the flags, each part in the settings type of the
+//! layer that uses it.
+
+use std::time::Duration;
+
+use ringway_controlplane::model::WorkloadName;
+
+use crate::hbone::pool::PoolConfig;
+use crate::hbone::H2Settings;
+use crate::io::copy::CopyMode;
+use crate::io::socket::ConnectOpts;
+
+/// What every core needs to know, fixed at startup.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub copy_mode: CopyMode,
+    pub connect: ConnectOpts,
+    pub drain_timeout: Duration,
+    pub network: String,
+    pub h2: H2Settings,
+    pub pool: PoolConfig,
+    pub handshake_timeout: Duration,
+    pub on_demand_timeout: Duration,
+    pub cert_wait_timeout: Duration,
+    /// Inbound serves only workloads on this node (None: every workload).
+    pub node_name: Option<String>,
+    /// Outbound from unknown sources may leave as plain TCP.
+    pub allow_unknown_source: bool,
+    /// Dedicated mode: the one workload outbound connections speak for.
+    pub proxy_workload: Option<WorkloadName>,
+    /// Inbound connections to applications leave from the client's address.
+    pub orig_src: bool,
+    /// HBONE to a workload of this node is served in-process.
+    pub fast_path: bool,
+}

@@ -1,0 +1,93 @@
+//! The side ports' HTTP server (readiness 15021, metrics 15020, admin
+//! 15000), on the control thread: deliberately small, HTTP/1.1, one
+//! request per connection. What answers is the caller's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// An answer: status line, content type, body.
+pub type Answer = (&'static str, &'static str, String);
+
+pub const TEXT: &str = "text/plain; charset=utf-8";
+pub const JSON: &str = "application/json";
+pub const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Requests larger than this get 431 and a close.
+const MAX_REQUEST: usize = 8 << 10;
+
+/// A deliberately small HTTP/1.1 server for the side endpoints (readiness
+/// for kubelet, metrics for Prometheus, admin): one request per
+/// connection, answered by `answer(method, path, query)` with (status,
+/// content type, body). What it is not made for gets a 4xx and a close,
+/// never a crash: a request that is not HTTP 400, one over 8 KiB 431, one
+/// slower than 5 s is closed.
+pub async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
+where
+    F: Fn(&str, &str, &str) -> Answer + Send + Sync + 'static,
+{
+    let answer = Arc::new(answer);
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            // Out of descriptors, say: do not spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s)).await;
+            let (status, kind, body) = match head {
+                Err(_) => return, // too slow: closed
+                Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
+                Ok(Ok((method, path, query))) => {
+                    let (status, kind, body) = answer(&method, &path, &query);
+                    (
+                        status,
+                        kind,
+                        if method == "HEAD" {
+                            String::new()
+                        } else {
+                            body
+                        },
+                    )
+                }
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_ok() {
+                let _ = s.write_all(body.as_bytes()).await;
+            }
+        });
+    }
+}
+
+/// Reads a request head; its method, path and query, or the status to
+/// refuse it with.
+async fn read_head(
+    s: &mut tokio::net::TcpStream,
+) -> Result<(String, String, String), &'static str> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        if buf.len() > MAX_REQUEST {
+            return Err("431 Request Header Fields Too Large");
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = std::str::from_utf8(&buf).map_err(|_| "400 Bad Request")?;
+    let line = text.lines().next().unwrap_or("");
+    let mut parts = line.split_whitespace();
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            Ok((method.to_owned(), path.to_owned(), query.to_owned()))
+        }
+        _ => Err("400 Bad Request"),
+    }
+}

@@ -1,0 +1,12 @@
+//! What operators see: Istio's TCP metrics and per-core stats
+//! ([`metrics`]), one access-log line per connection ([`accesslog`]) in
+//! ztunnel's formats ([`logfmt`]), the admin endpoint ([`admin`]), the
+//! small HTTP server of the side ports 15000/15020/15021 ([`http`]), and
+//! the allocator's counters ([`allocator`]).
+
+pub mod accesslog;
+pub mod admin;
+pub mod allocator;
+pub mod http;
+pub mod logfmt;
+pub mod metrics;

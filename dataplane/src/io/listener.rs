@@ -5,7 +5,7 @@
 //! connections.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use anyhow::Context;
 
@@ -75,7 +75,7 @@ pub fn bind_all(
                     )
                 })?;
                 if addr.port() == 0 {
-                    addr = socket::local_addr(fd.as_raw_fd())?;
+                    addr = socket::local_addr(fd.as_fd())?;
                 }
                 slot.push(BoundListener {
                     path: *path,
@@ -141,7 +141,7 @@ mod tests {
         let l = &bound[0][0];
         let _client = std::net::TcpStream::connect(l.addr).unwrap();
         let conn = loop {
-            match socket::accept(l.fd.as_raw_fd()) {
+            match socket::accept(l.fd.as_fd()) {
                 Ok((c, _)) => break c,
                 Err(e) if socket::would_block(&e) => std::thread::yield_now(),
                 Err(e) => panic!("accept: {e}"),

@@ -4,18 +4,15 @@
 //! per-core [`Poller`](crate::io::uring::Poller), never by the kernel.
 
 use std::io;
-use std::mem::{size_of, MaybeUninit};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::mem::size_of;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 use std::time::Duration;
 
-use socket2::{Domain, SockAddr, Socket, TcpKeepalive, Type};
+use socket2::{Domain, SockAddr, SockRef, Socket, TcpKeepalive, Type};
 
 use crate::io::uring::Poller;
-
-/// `SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST` (same number, different level).
-const SO_ORIGINAL_DST: libc::c_int = 80;
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -33,77 +30,40 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
-/// Converts a kernel sockaddr into a std SocketAddr.
-///
-/// # Safety
-/// `sa` must point at a valid sockaddr_in or sockaddr_in6 (by its family).
-unsafe fn to_socket_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
-    match (*sa).sa_family as libc::c_int {
-        libc::AF_INET => {
-            let sin = &*(sa as *const libc::sockaddr_in);
-            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            let sin6 = &*(sa as *const libc::sockaddr_in6);
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            // A v4-mapped peer on a dual-stack socket is reported as plain v4.
-            let ip = match ip.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => IpAddr::V6(ip),
-            };
-            Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
-        }
-        _ => None,
-    }
+/// A kernel socket address as std's; a v4-mapped IPv6 address (a v4 peer
+/// of a dual-stack socket) as the plain v4 one.
+fn to_socket_addr(addr: &SockAddr) -> Option<SocketAddr> {
+    addr.as_socket().map(|a| match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    })
 }
 
-fn sockname(
-    fd: RawFd,
-    f: unsafe extern "C" fn(libc::c_int, *mut libc::sockaddr, *mut libc::socklen_t) -> libc::c_int,
-) -> io::Result<SocketAddr> {
-    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    cvt(unsafe { f(fd, storage.as_mut_ptr() as *mut _, &mut len) })?;
-    unsafe { to_socket_addr(storage.as_ptr() as *const libc::sockaddr) }
-        .ok_or_else(|| io::Error::other("unsupported address family"))
+fn known_family(addr: SockAddr) -> io::Result<SocketAddr> {
+    to_socket_addr(&addr).ok_or_else(|| io::Error::other("unsupported address family"))
 }
 
-pub fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    sockname(fd, libc::getsockname)
+pub fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    known_family(SockRef::from(&fd).local_addr()?)
 }
 
-pub fn peer_addr(fd: RawFd) -> io::Result<SocketAddr> {
-    sockname(fd, libc::getpeername)
+pub fn peer_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    known_family(SockRef::from(&fd).peer_addr()?)
 }
 
 /// The destination the client dialled before nat REDIRECT rewrote it
-/// (conntrack's SO_ORIGINAL_DST). Fails with ENOENT when the connection was
-/// not redirected.
-pub fn original_dst(fd: RawFd, local: SocketAddr) -> io::Result<SocketAddr> {
-    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-    let (level, mut len) = match local {
-        SocketAddr::V4(_) => (libc::SOL_IP, size_of::<libc::sockaddr_in>()),
-        SocketAddr::V6(_) => (libc::SOL_IPV6, size_of::<libc::sockaddr_in6>()),
+/// (conntrack's SO_ORIGINAL_DST, or IP6T_SO_ORIGINAL_DST for `local` of
+/// IPv6). Fails with ENOENT when the connection was not redirected.
+pub fn original_dst(fd: BorrowedFd<'_>, local: SocketAddr) -> io::Result<SocketAddr> {
+    let sock = SockRef::from(&fd);
+    let dst = match local {
+        SocketAddr::V4(_) => sock.original_dst_v4()?,
+        SocketAddr::V6(_) => sock.original_dst_v6()?,
     };
-    let mut len_t = len as libc::socklen_t;
-    cvt(unsafe {
-        libc::getsockopt(
-            fd,
-            level,
-            SO_ORIGINAL_DST,
-            storage.as_mut_ptr() as *mut _,
-            &mut len_t,
-        )
-    })?;
-    len = len_t as usize;
-    if len == 0 {
-        return Err(io::Error::from_raw_os_error(libc::ENOENT));
-    }
-    unsafe { to_socket_addr(storage.as_ptr() as *const libc::sockaddr) }
+    to_socket_addr(&dst)
         .ok_or_else(|| io::Error::other("SO_ORIGINAL_DST returned an unknown family"))
 }
 
@@ -111,7 +71,11 @@ pub fn original_dst(fd: RawFd, local: SocketAddr) -> io::Result<SocketAddr> {
 /// `peer` (its family picks the socket option: no `getsockname` needed).
 /// With `tproxy`, a connection that was not NATed is taken to be
 /// TPROXY-delivered, whose local address *is* the original destination.
-pub fn captured_dst(fd: RawFd, peer: Option<SocketAddr>, tproxy: bool) -> io::Result<SocketAddr> {
+pub fn captured_dst(
+    fd: BorrowedFd<'_>,
+    peer: Option<SocketAddr>,
+    tproxy: bool,
+) -> io::Result<SocketAddr> {
     let family = match peer {
         Some(p) => p,
         None => local_addr(fd)?,
@@ -125,23 +89,10 @@ pub fn captured_dst(fd: RawFd, peer: Option<SocketAddr>, tproxy: bool) -> io::Re
 /// Accepts one connection if one is queued (nonblocking, CLOEXEC), with
 /// its peer's address (from accept4 itself: no `getpeername` per
 /// connection).
-pub fn accept(listener: RawFd) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
-    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: accept4 writes at most `len` bytes of address into storage.
-    let fd = cvt(unsafe {
-        libc::accept4(
-            listener,
-            storage.as_mut_ptr() as *mut _,
-            &mut len,
-            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-        )
-    })?;
-    // SAFETY: accept4 returned a fresh fd that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: storage is zero-initialised and accept4 filled in an address.
-    let peer = unsafe { to_socket_addr(storage.as_ptr() as *const libc::sockaddr) };
-    Ok((fd, peer))
+pub fn accept(listener: BorrowedFd<'_>) -> io::Result<(OwnedFd, Option<SocketAddr>)> {
+    let (conn, peer) =
+        SockRef::from(&listener).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)?;
+    Ok((conn.into(), to_socket_addr(&peer)))
 }
 
 /// Per-socket TCP options every proxied socket gets: NODELAY (TLS and
@@ -260,28 +211,55 @@ pub async fn connect_from(
         }
         Err(e) => return Err(e),
     }
-    Ok(unsafe { OwnedFd::from_raw_fd(sock.into_raw_fd()) })
+    Ok(sock.into())
 }
 
+/// One nonblocking `recv(2)` into `buf`.
 pub fn read(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    cvt_size(unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut _, buf.len(), 0) })
+    // SAFETY: recv writes at most `buf.len()` bytes into `buf`, which is
+    // valid, writable memory of that length.
+    cvt_size(unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) })
 }
 
+/// One nonblocking `recv(2)` into the spare capacity of `buf`, which grows
+/// by what arrived. The spare bytes are never seen as `&mut [u8]`: the
+/// kernel writes them, and only the `n` it reports become part of `buf`.
+pub fn read_into(fd: RawFd, buf: &mut bytes::BytesMut, max: usize) -> io::Result<usize> {
+    buf.reserve(max);
+    let spare = &mut buf.spare_capacity_mut()[..max];
+    // SAFETY: recv writes at most `spare.len()` bytes through the pointer,
+    // into memory `buf` owns and reserved above.
+    let n = cvt_size(unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), 0) })?;
+    // SAFETY: recv initialised the first `n` spare bytes (n <= max).
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
+/// One nonblocking `send(2)` of `buf`; a closed peer is EPIPE, never
+/// SIGPIPE.
 pub fn write(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
-    cvt_size(unsafe { libc::send(fd, buf.as_ptr() as *const _, buf.len(), libc::MSG_NOSIGNAL) })
+    // SAFETY: send reads at most `buf.len()` bytes from `buf`.
+    cvt_size(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) })
 }
 
 pub fn writev(fd: RawFd, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
     // sendmsg rather than writev: MSG_NOSIGNAL, so a closed peer is an
     // EPIPE error instead of a process-killing SIGPIPE.
+    // SAFETY: msghdr is plain data; all zeroes is "no name, no control".
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec (std guarantees it on Unix);
+    // sendmsg only reads through the pointer.
     msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = bufs.len().min(1024) as _;
+    // SAFETY: `msg` points at `msg_iovlen` valid iovecs borrowed from
+    // `bufs` for the duration of the call.
     cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) })
 }
 
 /// Nonblocking splice(2); either side must be a pipe.
 pub fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+    // SAFETY: splice takes no memory of ours (null offsets: both ends use
+    // their own file position).
     cvt_size(unsafe {
         libc::splice(
             from,
@@ -296,6 +274,7 @@ pub fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 
 /// Sends FIN: this direction is done, the other may continue (half-close).
 pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
+    // SAFETY: shutdown takes no memory; a stale fd is an error (EBADF).
     cvt(unsafe { libc::shutdown(fd, libc::SHUT_WR) }).map(|_| ())
 }
 
@@ -305,12 +284,13 @@ pub fn set_reset_on_close(fd: RawFd) {
         l_onoff: 1,
         l_linger: 0,
     };
+    // SAFETY: setsockopt reads a `linger` of the size passed.
     unsafe {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
             libc::SO_LINGER,
-            &linger as *const _ as *const _,
+            (&linger as *const libc::linger).cast(),
             size_of::<libc::linger>() as libc::socklen_t,
         );
     }
@@ -330,15 +310,20 @@ pub struct Pipe {
 impl Pipe {
     pub fn new(size: usize) -> io::Result<Self> {
         let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: pipe2 writes two fds into the array we pass.
         cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+        // SAFETY: pipe2 succeeded: both fds are fresh and owned by no one
+        // else.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // F_SETPIPE_SZ can fail above /proc/sys/fs/pipe-max-size for
         // unprivileged users; a smaller pipe still works, just slower.
+        // SAFETY: fcntl with an int argument on a pipe we own.
         let got =
             unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, size as libc::c_int) };
         let capacity = if got > 0 {
             got as usize
         } else {
+            // SAFETY: fcntl without an argument on a pipe we own.
             unsafe { libc::fcntl(write.as_raw_fd(), libc::F_GETPIPE_SZ) }.max(4096) as usize
         };
         Ok(Self {
@@ -377,7 +362,7 @@ pub fn bind_listener(addr: SocketAddr, transparent: bool, backlog: i32) -> io::R
     }
     sock.bind(&SockAddr::from(addr))?;
     sock.listen(backlog)?;
-    Ok(unsafe { OwnedFd::from_raw_fd(sock.into_raw_fd()) })
+    Ok(sock.into())
 }
 
 /// Every address configured on this host's interfaces (in this netns), used
@@ -385,19 +370,52 @@ pub fn bind_listener(addr: SocketAddr, transparent: bool, backlog: i32) -> io::R
 pub fn local_interface_addrs() -> Vec<IpAddr> {
     let mut out = Vec::new();
     let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes the head of a list it allocated into ifap.
     if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
         return out;
     }
     let mut cur = ifap;
     while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, which
+        // stays valid until freeifaddrs below.
         let ifa = unsafe { &*cur };
-        if !ifa.ifa_addr.is_null() {
-            if let Some(sa) = unsafe { to_socket_addr(ifa.ifa_addr) } {
-                out.push(sa.ip());
-            }
+        // SAFETY: a non-null ifa_addr points at a sockaddr of the family
+        // it names, as getifaddrs(3) promises.
+        if let Some(ip) = unsafe { interface_ip(ifa.ifa_addr) } {
+            out.push(ip);
         }
         cur = ifa.ifa_next;
     }
+    // SAFETY: the list came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(ifap) };
     out
+}
+
+/// The IP of an interface address (None for other families, or none).
+///
+/// # Safety
+/// `sa` is null or points at a valid sockaddr whose `sa_family` says what
+/// it is (a sockaddr_in for AF_INET, a sockaddr_in6 for AF_INET6).
+unsafe fn interface_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller promises a valid sockaddr of that family; read
+    // unaligned, as the list owes no alignment beyond sockaddr's.
+    unsafe {
+        match (*sa).sa_family as libc::c_int {
+            libc::AF_INET => {
+                let sin = std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>());
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))))
+            }
+            libc::AF_INET6 => {
+                let sin6 = std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>());
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4))
+            }
+            _ => None,
+        }
+    }
 }

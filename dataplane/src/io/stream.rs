@@ -48,15 +48,7 @@ impl ReadSizer {
     /// [`ReadSizer::was_short`].
     pub fn read(&mut self, fd: RawFd, buf: &mut BytesMut) -> io::Result<usize> {
         let want = self.next;
-        buf.reserve(want);
-        let len = buf.len();
-        // SAFETY: read(2) writes at most `want` bytes into the reserved
-        // spare capacity; only the `n` it reports become visible.
-        let n = socket::read(fd, unsafe {
-            std::slice::from_raw_parts_mut(buf.as_mut_ptr().add(len), want)
-        })?;
-        // SAFETY: read(2) initialised these `n` bytes.
-        unsafe { buf.set_len(len + n) };
+        let n = socket::read_into(fd, buf, want)?;
         self.short = n < want;
         self.next = if self.short { READ_SMALL } else { self.full };
         Ok(n)

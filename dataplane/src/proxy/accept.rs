@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub async fn accept_loop(core: Rc<CoreInputs>, listener: BoundListener, pod: Opt
     let fd = listener.fd.as_raw_fd();
     let reg = Registration::new(&core.poller, fd);
     loop {
-        match socket::accept(fd) {
+        match socket::accept(listener.fd.as_fd()) {
             Ok((conn, peer)) => {
                 let mut log =
                     ConnLog::new(core.open.clone(), core.index, listener.path).in_pod(pod.as_ref());

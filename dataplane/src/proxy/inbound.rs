@@ -11,7 +11,7 @@
 //! rejection: the stream is reset).
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -35,12 +35,12 @@ use crate::telemetry::metrics::{ConnLabels, Reporter};
 /// Serves one TCP connection accepted on 15008.
 pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let fd = conn.as_raw_fd();
-    let conn_src = match log.client_addr(fd) {
+    let conn_src = match log.client_addr(conn.as_fd()) {
         Ok(a) => a,
         Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
     };
     log.route = "hbone_connection";
-    let dst = match socket::captured_dst(fd, Some(conn_src), true) {
+    let dst = match socket::captured_dst(conn.as_fd(), Some(conn_src), true) {
         Ok(d) => d,
         Err(e) => return log.fail(format!("cannot read the destination: {e}")),
     };

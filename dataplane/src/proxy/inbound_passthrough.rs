@@ -6,7 +6,7 @@
 //! mTLS policy refuses it); then it is forwarded to that destination with
 //! the same copy engine, until it ends or a later config denies it.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 
 use crate::core::authorization::{self, Inbound};
@@ -20,11 +20,11 @@ use crate::telemetry::metrics::{ConnLabels, Reporter};
 
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
-    let src = match log.client_addr(fd) {
+    let src = match log.client_addr(client.as_fd()) {
         Ok(a) => a,
         Err(e) => return log.fail(format!("cannot read the peer address: {e}")),
     };
-    let dst = match socket::captured_dst(fd, Some(src), true) {
+    let dst = match socket::captured_dst(client.as_fd(), Some(src), true) {
         Ok(d) => d,
         Err(e) => return log.fail(format!("cannot read the original destination: {e}")),
     };

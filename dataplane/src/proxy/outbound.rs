@@ -21,7 +21,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -50,9 +50,8 @@ pub fn serve(
     client: OwnedFd,
     mut log: ConnLog,
 ) -> Option<impl Future<Output = ()>> {
-    let fd = client.as_raw_fd();
-    let src = log.client_addr(fd).ok();
-    let dst = match socket::captured_dst(fd, src, false) {
+    let src = log.client_addr(client.as_fd()).ok();
+    let dst = match socket::captured_dst(client.as_fd(), src, false) {
         Ok(d) => d,
         Err(e) => {
             log.fail(format!(

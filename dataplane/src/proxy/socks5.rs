@@ -15,7 +15,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 use ringway_controlplane::Snapshot;
@@ -332,7 +332,7 @@ struct Socks5Client;
 
 impl Downstream for Socks5Client {
     fn established(&mut self, upstream: Option<BorrowedFd<'_>>) -> Option<Vec<u8>> {
-        let bound = upstream.and_then(|fd| socket::local_addr(fd.as_raw_fd()).ok());
+        let bound = upstream.and_then(|fd| socket::local_addr(fd).ok());
         Some(encode_reply(
             ReplyCode::Succeeded,
             bound.unwrap_or(UNSPECIFIED),
@@ -363,7 +363,7 @@ impl From<Malformed> for Abort {
 /// --handshake-timeout), resolve, then the shared outbound route.
 pub async fn serve(core: Rc<CoreInputs>, client: OwnedFd, mut log: ConnLog) {
     let fd = client.as_raw_fd();
-    let _ = log.client_addr(fd);
+    let _ = log.client_addr(client.as_fd());
     let limit = core.cfg.handshake_timeout;
     let target = match crate::hbone::with_timeout(limit, handshake(&core, fd)).await {
         None => {

@@ -159,7 +159,7 @@ pub struct ConnLog {
 impl ConnLog {
     /// The client's address: the one accept4 reported (the accept loop sets
     /// `src`), else asked of the socket; recorded either way.
-    pub fn client_addr(&mut self, fd: std::os::fd::RawFd) -> std::io::Result<SocketAddr> {
+    pub fn client_addr(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<SocketAddr> {
         let addr = match self.src {
             Some(a) => a,
             None => crate::io::socket::peer_addr(fd)?,

@@ -312,6 +312,7 @@ fn raise_nofile() {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
         lim.rlim_cur = lim.rlim_max;

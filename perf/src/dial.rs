@@ -107,6 +107,7 @@ impl Dialer {
 
 fn set_bind_no_port(sock: &Socket) -> io::Result<()> {
     let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a valid int option.
     let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),

@@ -458,6 +458,7 @@ impl PerfStat {
 
     /// Stops perf (SIGINT: it prints its counts) and reads them.
     fn finish(mut self) -> anyhow::Result<Counted> {
+        // SAFETY: kill takes no memory; the pid is our own child's.
         unsafe {
             libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
         }
@@ -504,6 +505,7 @@ impl Drop for PerfStat {
 
 fn mkfifo(path: &Path) -> io::Result<()> {
     let c = std::ffi::CString::new(path.to_str().unwrap()).map_err(io::Error::other)?;
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
     if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
         return Err(io::Error::last_os_error());
     }

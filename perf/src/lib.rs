@@ -62,6 +62,7 @@ pub fn ringway_bin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// scenarios hold thousands of sockets (client and server ends in this
 /// process), and child proxies inherit the limit.
 pub fn raise_fd_limit() {
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
     unsafe {
         let mut lim = libc::rlimit {
             rlim_cur: 0,

@@ -22,21 +22,26 @@ fn grow(by: isize) {
 /// The system allocator, counting the bytes it hands out.
 pub struct Counting;
 
+// SAFETY: every call is passed on to the system allocator unchanged; only a count is kept beside it.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grow(layout.size() as isize);
+        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         grow(layout.size() as isize);
+        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         grow(new_size as isize - layout.size() as isize);
+        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

@@ -14,6 +14,7 @@ pub fn cpu_seconds(pid: u32) -> io::Result<f64> {
             .and_then(|f| f.parse::<f64>().ok())
             .ok_or_else(|| io::Error::other("malformed /proc/pid/stat"))
     };
+    // SAFETY: sysconf takes no memory.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Ok((parse(11)? + parse(12)?) / ticks)
 }

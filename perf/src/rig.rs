@@ -271,6 +271,7 @@ impl CommandProxy {
 /// 5 s.
 fn stop_group(child: &mut Child) {
     let pgid = child.id() as libc::pid_t;
+    // SAFETY: kill takes no memory; the group is the child's own (made at spawn).
     unsafe {
         libc::kill(-pgid, libc::SIGTERM);
     }
@@ -281,6 +282,7 @@ fn stop_group(child: &mut Child) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    // SAFETY: kill takes no memory; the group is the child's own (made at spawn).
     unsafe {
         libc::kill(-pgid, libc::SIGKILL);
     }

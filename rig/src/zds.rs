@@ -86,10 +86,9 @@ impl Agent {
             )
         };
         assert!(fd >= 0, "accept: {}", std::io::Error::last_os_error());
-        // SAFETY: fresh descriptor from accept4.
-        let conn = AgentConn {
-            sock: unsafe { OwnedFd::from_raw_fd(fd) },
-        };
+        // SAFETY: fresh descriptor from accept4, owned by no one else.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let conn = AgentConn { sock };
         let hello = conn.read(Duration::from_secs(10));
         let hello = ZdsHello::decode(&hello[..]).expect("the first packet is a ZdsHello");
         assert_eq!(hello.version, 1, "ZDS version");

@@ -676,6 +676,7 @@ mod tests {
         on_executor(|| async {
             // One submission entry, eight completion entries; a ring of its
             // own, so this test reaps it (the executor reaps only its own).
+            // SAFETY: eventfd takes no memory; the fd it returns is closed below.
             let doorbell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
             assert!(doorbell >= 0);
             let p = Poller::new(1, doorbell).expect("readiness ring");
@@ -715,6 +716,7 @@ mod tests {
             }
             drop(reaper);
             drop(regs);
+            // SAFETY: `doorbell` is this test's eventfd, closed once, after its ring is gone.
             unsafe { libc::close(doorbell) };
         });
     }

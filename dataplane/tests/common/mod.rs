@@ -253,6 +253,7 @@ impl Ringway {
 
     /// Sends a signal to ringway itself (ip netns exec execs into it).
     pub fn signal(&self, sig: i32) {
+        // SAFETY: kill takes no memory; a stale pid is an error (ESRCH).
         unsafe { libc::kill(self.pid(), sig) };
     }
 

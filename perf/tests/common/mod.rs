@@ -5,9 +5,10 @@ use std::process::Command;
 
 /// The rig needs root; the tests fail (never skip) without it.
 pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "this test needs root (network namespaces, nftables): run the tests as root, as CI does"
     );
 }

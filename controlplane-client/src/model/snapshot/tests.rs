@@ -99,12 +99,15 @@ mod alloc_count {
 
     pub struct Counting;
 
+    // SAFETY: every call is passed on to the system allocator unchanged; only a thread-local count is kept beside it.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+            // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
             unsafe { System.alloc(layout) }
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
             unsafe { System.dealloc(ptr, layout) }
         }
     }

@@ -392,30 +392,27 @@ pub enum LogFormat {
     Json,
 }
 
+/// The longest duration a flag takes: far beyond any timeout or lifetime
+/// that means something, and far inside what the clocks can add without
+/// overflowing (a deadline is `now + duration`).
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A duration as operators write it: humantime's units ("500ms", "10s",
+/// "5m", "24h", "1h 30m"), or a bare number of seconds ("7", "1.5"). The
+/// perf harness parses its durations with this too.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (examples: 500ms, 10s, 5m)"))?;
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {s:?} (use ms, s, m or h)"
-            ))
-        }
+    let parsed = match s.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| e.to_string()),
+        Err(_) => humantime::parse_duration(s).map_err(|e| e.to_string()),
     };
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(format!("invalid duration {s:?}"));
+    match parsed {
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        Ok(_) => Err(format!("duration {s:?} is too long (at most 100 years)")),
+        Err(e) => Err(format!(
+            "invalid duration {s:?}: {e} (examples: 500ms, 10s, 5m, 1h 30m)"
+        )),
     }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// "64K", "4M" (binary units) or plain bytes, as u32.
@@ -536,9 +533,21 @@ mod tests {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
-        assert!(parse_duration("10 parsecs").is_err());
-        assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        for bad in ["10 parsecs", "-1s", "-1", "", "s", "NaN", "inf"] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("invalid duration"), "{bad}: {e}");
+        }
+        // Too long to add to a clock: an error, never a panic at startup.
+        for huge in ["100000000000000000000s", "1e300", "1000000000h"] {
+            assert!(parse_duration(huge).is_err(), "{huge}");
+        }
+        let e = Cli::try_parse_from(["ringway", "--drain-timeout", "100000000000000000000s"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--drain-timeout"), "{e}");
     }
 
     #[test]

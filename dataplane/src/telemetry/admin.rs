@@ -166,31 +166,12 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
 }
 
-/// `%2C` and friends, and `+` as a space.
+/// A query value as a client sends it: `%2C` and friends are bytes, and
+/// `+` is a space (form encoding; `%2B` is a plus).
 fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                    .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
-                if let Some(b) = hex {
-                    out.push(b);
-                    i += 3;
-                    continue;
-                }
-                out.push(b'%');
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 #[cfg(test)]
@@ -201,5 +182,6 @@ mod tests {
     fn queries_decode() {
         assert_eq!(percent_decode("access%3Dwarn%2Cinfo"), "access=warn,info");
         assert_eq!(percent_decode("a+b%zz%4"), "a b%zz%4");
+        assert_eq!(percent_decode("a%2Bb"), "a+b");
     }
 }

@@ -82,7 +82,7 @@ pub struct Args {
     /// Pin each executor to its CPU, whatever the CPUs look like. Pays
     /// when ringway has CPUs of its own; where it shares them with the
     /// workloads, as a DaemonSet usually does, a pinned executor waits
-    /// behind whatever runs on its CPU (README: Pinning). Default
+    /// behind whatever runs on its CPU (docs/performance/pinning.md). Default
     /// (neither --pin nor --no-pin): pinned only when the CPUs look
     /// exclusive, i.e. the affinity mask leaves out some online CPUs and
     /// the cgroup CPU quota is exactly as many whole CPUs as it allows, as
@@ -212,8 +212,8 @@ pub struct Args {
     /// listens on 15001/15006/15008 inside every enrolled pod's network
     /// namespace, on every core, instead of on the node-level capture
     /// addresses (--outbound-addr and friends are then not bound). Needs
-    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See README: Deploy on
-    /// Kubernetes.
+    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See docs/inpod.md and
+    /// docs/deploy.md.
     #[arg(long, env = "INPOD_ENABLED", conflicts_with = "proxy_workload")]
     pub inpod: bool,
 
@@ -536,7 +536,7 @@ pub struct CorePlan {
 /// a narrowed mask, but its quota (if any) is not the mask's size or it
 /// has none; and a quota equal to every online CPU is a shared machine.
 /// Pinning on shared CPUs makes an executor wait behind other work on its
-/// CPU (README: Pinning), so "unsure" means unpinned. One such case is
+/// CPU (docs/performance/pinning.md), so "unsure" means unpinned. One such case is
 /// common: Kubernetes' DisableCPUQuotaWithExclusiveCPUs (kubernetes#127525,
 /// on by default in recent releases) gives exclusive CPUs no quota at all,
 /// and then nothing here tells them from a shared pool, whose containers

@@ -12,13 +12,14 @@
 # (Istio's ztunnel side by side: its passthrough and HBONE columns, and
 # ringway ÷ ztunnel next to ringway ÷ direct), or another proxy with
 # --peer-socks/--peer-cmd. See perf/README.md.
+#
+# As root; as another user it re-runs itself under sudo (keeping PATH and
+# the cargo and RINGWAY variables). The binaries are built into, and run
+# from, cargo's target directory ($CARGO_TARGET_DIR when set).
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+rerun_as_root "the rig uses network namespaces and nftables" "$0" "$@"
 cd "$(dirname "$0")/.."
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "scripts/bench.sh: run as root (sudo scripts/bench.sh): the rig uses network namespaces and nftables" >&2
-  exit 1
-fi
 
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
@@ -44,4 +45,5 @@ cargo build --release --locked -p ringway-dataplane -p ringway-perf
 # of sockets (ringway-perf raises its own soft limit to the hard one too).
 ulimit -l unlimited 2>/dev/null || true
 ulimit -n 65536 2>/dev/null || true
-exec target/release/ringway-perf suite --out perf-results "$@"
+target=$(ringway_target_dir)
+exec "$target/release/ringway-perf" suite --out perf-results "$@"

@@ -14,15 +14,16 @@
 # (a packet tap on node B's interface finds the request text in none of
 # the packets), and removes everything it created, even when it fails.
 #
-#   sudo scripts/demo.sh                  # builds ringway (release) first
-#   sudo RINGWAY=path/to/ringway scripts/demo.sh
+#   scripts/demo.sh                       # builds ringway (release) first
+#   RINGWAY=path/to/ringway scripts/demo.sh
+#
+# As root; as another user it re-runs itself under sudo (keeping PATH and
+# the cargo and RINGWAY variables). The release build goes where cargo puts
+# it: $CARGO_TARGET_DIR when set.
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+rerun_as_root "it creates network namespaces and nftables rules" "$0" "$@"
 cd "$(dirname "$0")/.."
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "scripts/demo.sh: run as root (sudo scripts/demo.sh): it creates network namespaces and nftables rules" >&2
-  exit 1
-fi
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
@@ -36,7 +37,8 @@ fi
 if [ -z "${RINGWAY:-}" ]; then
   echo "== building ringway (release)"
   cargo build --release --quiet --bin ringway
-  RINGWAY=$PWD/target/release/ringway
+  target=$(ringway_target_dir)
+  RINGWAY=$target/release/ringway
 fi
 
 TAG="rwdemo$$"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs ringway's whole test suite. Needs root: the traffic-path tests build
-# private network namespaces with real nftables capture rules. Installs the
-# system tools the tests use when they are missing (Debian/Ubuntu).
+# private network namespaces with real nftables capture rules. As another
+# user it re-runs itself under sudo, keeping PATH and the cargo, rustup and
+# RINGWAY_* variables (scripts/lib/common.sh); without sudo it says so.
+# Installs the system tools the tests use when they are missing
+# (Debian/Ubuntu). Extra arguments go to `cargo test`.
+#
+#   scripts/test.sh                       # as root, or via sudo
+#   scripts/test.sh -- --test-threads 1
 set -euo pipefail
+. "$(dirname "$0")/lib/common.sh"
+rerun_as_root "network namespaces and nftables" "$0" "$@"
 cd "$(dirname "$0")/.."
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "scripts/test.sh: run as root (network namespaces and nftables need it)" >&2
-  exit 1
-fi
 
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 /// frame-sized buffers (h2 reads each DATA frame into fresh memory) at
 /// line rate; glibc returns that memory to the kernel and page-faults it
 /// back in, jemalloc keeps it. Measured: ~20 % less CPU per GiB of HBONE
-/// (`ringway-perf`, README "Performance").
+/// (`ringway-perf`; docs/performance/vs-direct.md, "What moved HBONE").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

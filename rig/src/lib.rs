@@ -34,7 +34,7 @@ pub fn check(cmd: &mut Command) -> anyhow::Result<()> {
 pub fn require_root(what: &str) -> anyhow::Result<()> {
     // SAFETY: geteuid(2) has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        bail!("{what} needs root (network namespaces, nftables): run it with sudo");
+        bail!("{what} needs root (network namespaces, nftables): run it as root, or via sudo");
     }
     for tool in ["ip", "nft"] {
         let found = std::env::var_os("PATH")

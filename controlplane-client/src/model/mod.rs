@@ -340,7 +340,7 @@ pub struct Service {
     /// None: decided by the addresses (AUTOMATIC). Kept as received; only
     /// DNS answers would use it.
     pub ip_families: Option<IpFamilies>,
-    /// Kept as received, not enforced (see README, Routing).
+    /// Kept as received, not enforced (see docs/routing.md).
     pub visibility: Visibility,
 }
 

@@ -87,7 +87,7 @@ pub struct Args {
     /// Pin each executor to its CPU, whatever the CPUs look like. Pays
     /// when ringway has CPUs of its own; where it shares them with the
     /// workloads, as a DaemonSet usually does, a pinned executor waits
-    /// behind whatever runs on its CPU (README: Pinning). Default
+    /// behind whatever runs on its CPU (docs/performance/pinning.md). Default
     /// (neither --pin nor --no-pin): pinned only when the CPUs look
     /// exclusive, i.e. the affinity mask leaves out some online CPUs and
     /// the cgroup CPU quota is exactly as many whole CPUs as it allows, as
@@ -217,8 +217,8 @@ pub struct Args {
     /// listens on 15001/15006/15008 inside every enrolled pod's network
     /// namespace, on every core, instead of on the node-level capture
     /// addresses (--outbound-addr and friends are then not bound). Needs
-    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See README: Deploy on
-    /// Kubernetes.
+    /// CAP_SYS_ADMIN (setns) and CAP_NET_ADMIN. See docs/inpod.md and
+    /// docs/deploy.md.
     #[arg(long, env = "INPOD_ENABLED", conflicts_with = "proxy_workload")]
     pub inpod: bool,
 

@@ -81,7 +81,7 @@ pub struct CorePlan {
 /// a narrowed mask, but its quota (if any) is not the mask's size or it
 /// has none; and a quota equal to every online CPU is a shared machine.
 /// Pinning on shared CPUs makes an executor wait behind other work on its
-/// CPU (README: Pinning), so "unsure" means unpinned. One such case is
+/// CPU (docs/performance/pinning.md), so "unsure" means unpinned. One such case is
 /// common: Kubernetes' DisableCPUQuotaWithExclusiveCPUs (kubernetes#127525,
 /// on by default in recent releases) gives exclusive CPUs no quota at all,
 /// and then nothing here tells them from a shared pool, whose containers

@@ -14,7 +14,8 @@
 //! - NACKs (there must be none).
 //!
 //! ztunnel is not driven: its xDS client wants istiod's TLS and token, and
-//! it exposes no per-core propagation time (README says so).
+//! it exposes no per-core propagation time (docs/performance/mesh-at-scale.md
+//! says so).
 //!
 //! Run: `cargo build --release -p ringway-dataplane -p ringway-perf --bin
 //! ringway --bin churn-bench && target/release/churn-bench`.

@@ -19,7 +19,7 @@
 //! | service VIP with a prefix `length` shorter than a host | a CIDR VIP; a `length` longer than the address family allows is an error |
 //! | unknown `ip_families` / `visibility` value | error |
 //! | `StringMatch` without a value | error |
-//! | `ip_families`, `visibility`, `weighted_waypoints` | kept in the model, not used for routing (README, Routing) |
+//! | `ip_families`, `visibility`, `weighted_waypoints` | kept in the model, not used for routing (docs/routing.md) |
 //! | `app_protocol`, `ingress_use_waypoint`, `extensions` | ignored |
 //!
 //! Every error names the offending field, e.g. `addresses[1]: IP address must

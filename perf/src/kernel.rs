@@ -38,7 +38,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,7 @@ use serde::Serialize;
 use crate::dial::Dialer;
 use crate::procstat::{self, Processes};
 use crate::rr::{self, RrResult};
+use crate::supervise::{Spec, Supervised};
 
 /// The tracepoint that counts io_uring requests.
 const IO_URING_EVENT: &str = "io_uring:io_uring_submit_req";
@@ -307,7 +308,7 @@ pub fn tid_filter(tids: &[u32]) -> String {
 /// A running `perf stat`, events disabled until [`PerfStat::command`]
 /// `enable`.
 struct PerfStat {
-    child: Child,
+    perf: Supervised,
     ctl: File,
     ack: File,
     dir: PathBuf,
@@ -365,15 +366,11 @@ impl PerfStat {
         for e in &events {
             args.extend(["-e", e, "--filter", &filter].map(String::from));
         }
-        let child = Command::new("perf")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(dir.join("stderr"))?)
-            .spawn()
+        // Ready at once: its control FIFO tells when it is set up (below).
+        let perf = Supervised::start(None, Spec::new("perf", "perf", args, &dir))
             .context("cannot run perf (apt-get install linux-perf)")?;
         let mut p = PerfStat {
-            child,
+            perf,
             // Placeholders until the FIFOs open below.
             ctl: File::open("/dev/null")?,
             ack: File::open("/dev/null")?,
@@ -416,12 +413,9 @@ impl PerfStat {
         Ok(p)
     }
 
-    /// Fails if perf has exited (with its stderr) or `deadline` passed.
+    /// Fails if perf has exited (with its output) or `deadline` passed.
     fn alive_until(&mut self, deadline: Instant) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            let err = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-            anyhow::bail!("perf exited ({status}): {}", err.trim());
-        }
+        self.perf.check_alive()?;
         anyhow::ensure!(Instant::now() < deadline, "perf did not answer in time");
         Ok(())
     }
@@ -458,28 +452,14 @@ impl PerfStat {
 
     /// Stops perf (SIGINT: it prints its counts) and reads them.
     fn finish(mut self) -> anyhow::Result<Counted> {
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-        }
         // Closing hundreds of tracepoint events takes perf a few seconds.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if self.child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                anyhow::bail!("perf did not exit after SIGINT");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.perf.interrupt(Duration::from_secs(120))?;
         let text = std::fs::read_to_string(self.dir.join("out.csv"))?;
         let csv = parse_perf_csv(&text);
         anyhow::ensure!(
             csv.total.is_some(),
             "perf printed no system-call count: {}",
-            std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+            std::fs::read_to_string(self.perf.log()).unwrap_or_default()
         );
         let io_uring = csv.io_uring;
         let (syscalls, total) = csv.by_type();
@@ -494,10 +474,7 @@ impl PerfStat {
 
 impl Drop for PerfStat {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        // perf itself is stopped as its field drops.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -120,21 +120,30 @@ impl Processes {
         self.roots.is_empty()
     }
 
-    /// Total CPU seconds so far (None without processes).
-    pub fn cpu_seconds(&self) -> io::Result<Option<f64>> {
+    /// `of` summed over the processes and their descendants now (None
+    /// without processes). A descendant that exited in between counts
+    /// nothing (its CPU time is gone); a root that did is an error.
+    fn sum<T: std::ops::AddAssign + Default>(
+        &self,
+        of: impl Fn(u32) -> io::Result<T>,
+    ) -> io::Result<Option<T>> {
         if self.is_empty() {
             return Ok(None);
         }
-        let mut total = 0.0;
+        let mut total = T::default();
         for pid in with_descendants(&self.roots) {
-            match cpu_seconds(pid) {
-                Ok(s) => total += s,
-                // A descendant that exited in between: its time is gone.
+            match of(pid) {
+                Ok(x) => total += x,
                 Err(_) if !self.roots.contains(&pid) => {}
                 Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
             }
         }
         Ok(Some(total))
+    }
+
+    /// Total CPU seconds so far (None without processes).
+    pub fn cpu_seconds(&self) -> io::Result<Option<f64>> {
+        self.sum(cpu_seconds)
     }
 
     /// Every thread of the processes and their descendants, now.
@@ -144,18 +153,7 @@ impl Processes {
 
     /// Total resident memory (None without processes).
     pub fn rss_bytes(&self) -> io::Result<Option<u64>> {
-        if self.is_empty() {
-            return Ok(None);
-        }
-        let mut total = 0;
-        for pid in with_descendants(&self.roots) {
-            match rss_bytes(pid) {
-                Ok(b) => total += b,
-                Err(_) if !self.roots.contains(&pid) => {}
-                Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
-            }
-        }
-        Ok(Some(total))
+        self.sum(rss_bytes)
     }
 }
 

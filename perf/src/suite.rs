@@ -21,7 +21,8 @@ use crate::calibrate::{self, Calibration};
 use crate::charts::{self, Bar, Series};
 use crate::machine::{self, Machine};
 use crate::nodes::{
-    self, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, SetSpec, Variant,
+    self, split_pinning, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, Pinning,
+    SetSpec, Variant,
 };
 use crate::report::{fmt_num, markdown_table, Collector, MetricSummary};
 use crate::rr::Limit;
@@ -151,43 +152,6 @@ pub struct SuiteArgs {
     /// RUST_LOG for the ringways.
     #[arg(long, default_value = "warn")]
     pub proxy_log_level: String,
-}
-
-/// Pinning a `--cores` value asks for with a suffix (`2:pinned`,
-/// `2:unpinned`), so a sweep compares both side by side. Without one,
-/// ringway's default applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pinning {
-    Pinned,
-    Unpinned,
-}
-
-impl Pinning {
-    const ALL: [Pinning; 2] = [Pinning::Pinned, Pinning::Unpinned];
-
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Pinning::Pinned => ":pinned",
-            Pinning::Unpinned => ":unpinned",
-        }
-    }
-
-    /// ringway's flag for it.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Pinning::Pinned => "--pin",
-            Pinning::Unpinned => "--no-pin",
-        }
-    }
-}
-
-/// Splits a `--cores` value into ringway's `--cores` and the pinning it
-/// asks for, if any.
-pub fn split_pinning(v: &str) -> (&str, Option<Pinning>) {
-    Pinning::ALL
-        .into_iter()
-        .find_map(|p| v.strip_suffix(p.suffix()).map(|c| (c, Some(p))))
-        .unwrap_or((v, None))
 }
 
 /// A `--cores` value: ringway's syntax, but "1,2" is refused as ambiguous
@@ -1395,10 +1359,7 @@ fn describe_scenario(s: &Scenario) -> String {
             p.connections,
             p.size,
             p.size,
-            match p.limit {
-                Limit::Duration(d) => fmt_duration(d),
-                Limit::Count(c) => format!("{c} requests"),
-            }
+            p.limit.describe("requests")
         ),
         Scenario::Connect(p) => format!(
             "{} worker(s), each: connect, 1-byte request, 1-byte response, close; latency from connect() to the response byte",
@@ -1409,10 +1370,7 @@ fn describe_scenario(s: &Scenario) -> String {
              (perf, by type), io_uring submissions and context switches (/proc) are counted; per 1000 requests",
             p.connections,
             p.size,
-            match p.limit {
-                Limit::Duration(d) => fmt_duration(d),
-                Limit::Count(c) => format!("{c} requests"),
-            }
+            p.limit.describe("requests")
         ),
         Scenario::Idle(p) => format!(
             "on freshly restarted proxies (one connection primes the path first): {} connections opened \

@@ -153,12 +153,8 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Calibra
     let mut ours = Vec::new();
     for round in 0..p.rounds {
         // iperf3 first in round 1: its rate sizes our runs.
-        let order: [bool; 2] = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for is_iperf in order {
+        let iperf_first = round % 2 == 0;
+        for is_iperf in [iperf_first, !iperf_first] {
             if is_iperf {
                 let g = iperf3_client(iperf.port, p)?;
                 progress(&format!(

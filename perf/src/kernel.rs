@@ -125,10 +125,7 @@ fn count(
         return Err(io::Error::other("kernel counts need proxy processes"));
     }
     let tids = procs.threads();
-    let mut counter = match PerfStat::start(&tids, named) {
-        Ok(c) => Ok(c),
-        Err(e) => Err(format!("not counted: {e}")),
-    };
+    let mut counter = Counter::start(&tids, named);
     let mut before = Vec::new();
     let r = rr::run_probed(dialer, p, procs, &mut |phase| match phase {
         rr::Phase::Start => {
@@ -136,19 +133,9 @@ fn count(
                 .iter()
                 .map(|&t| procstat::ctx_switches(t).ok())
                 .collect();
-            if let Ok(c) = &mut counter {
-                if let Err(e) = c.command("enable") {
-                    counter = Err(format!("not counted: perf enable: {e}"));
-                }
-            }
+            counter.switch("enable");
         }
-        rr::Phase::Stop => {
-            if let Ok(c) = &mut counter {
-                if let Err(e) = c.command("disable") {
-                    counter = Err(format!("not counted: perf disable: {e}"));
-                }
-            }
-        }
+        rr::Phase::Stop => counter.switch("disable"),
     });
     // Context switches right after the window (perf's disable ack is
     // microseconds; the proxies are idle by then).
@@ -160,7 +147,7 @@ fn count(
         }
     }
     let new_threads = procs.threads().iter().filter(|t| !tids.contains(t)).count();
-    let counted = counter.and_then(|c| c.finish().map_err(|e| format!("not counted: {e}")));
+    let counted = counter.finish();
     let rr = r?;
     let (syscalls, total, io_uring, method) = match counted {
         Ok(c) => {
@@ -215,20 +202,35 @@ pub fn count_around<T>(
     f: impl FnOnce() -> T,
 ) -> (T, Result<Counted, String>) {
     let named: BTreeSet<String> = named.iter().map(|s| s.to_string()).collect();
-    let mut counter = PerfStat::start(tids, &named).map_err(|e| format!("not counted: {e:#}"));
-    if let Ok(c) = &mut counter {
-        if let Err(e) = c.command("enable") {
-            counter = Err(format!("not counted: perf enable: {e:#}"));
-        }
-    }
+    let mut counter = Counter::start(tids, &named);
+    counter.switch("enable");
     let out = f();
-    if let Ok(c) = &mut counter {
-        if let Err(e) = c.command("disable") {
-            counter = Err(format!("not counted: perf disable: {e:#}"));
+    counter.switch("disable");
+    (out, counter.finish())
+}
+
+/// A `perf stat` around a window, or why there is none ("not counted:
+/// …", for the result).
+struct Counter(Result<PerfStat, String>);
+
+impl Counter {
+    fn start(tids: &[u32], named: &BTreeSet<String>) -> Counter {
+        Counter(PerfStat::start(tids, named).map_err(|e| format!("not counted: {e:#}")))
+    }
+
+    /// `enable` or `disable` the events; a failure ends the counting.
+    fn switch(&mut self, cmd: &str) {
+        if let Ok(c) = &mut self.0 {
+            if let Err(e) = c.command(cmd) {
+                self.0 = Err(format!("not counted: perf {cmd}: {e:#}"));
+            }
         }
     }
-    let counted = counter.and_then(|c| c.finish().map_err(|e| format!("not counted: {e:#}")));
-    (out, counted)
+
+    fn finish(self) -> Result<Counted, String> {
+        self.0
+            .and_then(|c| c.finish().map_err(|e| format!("not counted: {e:#}")))
+    }
 }
 
 /// What `perf stat` counted.

@@ -313,9 +313,14 @@ pub struct Nodes {
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
-    /// `<temp dir>/<prefix>-<pid>`, emptied.
+    /// Where [`Scratch::new`] puts it: `<temp dir>/<prefix>-<pid>`.
+    pub fn path(prefix: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()))
+    }
+
+    /// [`Scratch::path`], emptied.
     pub fn new(prefix: &str) -> anyhow::Result<Scratch> {
-        let p = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+        let p = Scratch::path(prefix);
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p)?;
         Ok(Scratch(p))
@@ -593,18 +598,7 @@ impl Nodes {
         let orig_src_b = if cfg.orig_src {
             // The return path for spoofed sources, as an operator installs
             // it: the repository's script, run in node B.
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/orig-src-rules.sh");
-            let out = std::process::Command::new("bash")
-                .arg(&script)
-                .args(["add", "--netns", &b.name])
-                .output()
-                .with_context(|| format!("running {}", script.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "orig-src-rules.sh failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+            rig::script("orig-src-rules.sh", &["add", "--netns", &b.name])?;
             let mut args = common("node-b-orig-src", &shared, &cfg.sets[0]);
             args.extend(listener_args(ANY_PORT, &format!("{ORIG_SRC_IP}:15008")));
             args.push("--orig-src".into());
@@ -822,18 +816,32 @@ impl Nodes {
             k
         };
         let node_a = self.a.name.clone();
-        let mut v = vec![Variant {
-            key: "direct".into(),
-            label: "direct".into(),
-            kind: Kind::Direct,
+        // A column from node A to `dst`; ringway's columns name their set.
+        let column = |key: String, label: &str, kind, dst: (Ipv4Addr, u16), pids| Variant {
+            key,
+            label: label.to_string(),
+            kind,
             set: None,
             cores: None,
-            dialer: Dialer::direct(SocketAddr::from((PLAIN_IP, DIRECT_PORT))).bind(client),
-            procs: Processes::default(),
+            dialer: Dialer::direct(SocketAddr::from(dst)).bind(client),
+            procs: Processes::new(pids),
             policies: None,
             netns: node_a.clone(),
             compare: None,
-        }];
+        };
+        let of_set = |i: usize, v: Variant| Variant {
+            set: Some(i),
+            cores: self.sets[i].spec.cores.clone(),
+            ..v
+        };
+        let direct = (PLAIN_IP, DIRECT_PORT);
+        let mut v = vec![column(
+            "direct".into(),
+            "direct",
+            Kind::Direct,
+            direct,
+            vec![],
+        )];
         for (j, &i) in self.placement.iter().enumerate() {
             let s = &self.sets[i];
             let first_with_cores = self.specs[..j].iter().all(|o| o.cores != s.spec.cores);
@@ -843,65 +851,42 @@ impl Nodes {
                     policies: None,
                     quiet: s.spec.quiet,
                 };
-                v.push(Variant {
-                    key: format!("passthrough{}", key_suffix(&plain)),
-                    label: format!("ringway passthrough{}", suffix(&plain)),
-                    kind: Kind::Passthrough,
-                    set: Some(i),
-                    cores: s.spec.cores.clone(),
-                    dialer: Dialer::direct(SocketAddr::from((PLAIN_IP, captured_port(i))))
-                        .bind(client),
-                    procs: Processes::new(vec![s.a.pid()]),
-                    policies: None,
-                    netns: node_a.clone(),
-                    compare: None,
-                });
+                let key = format!("passthrough{}", key_suffix(&plain));
+                let label = format!("ringway passthrough{}", suffix(&plain));
+                let dst = (PLAIN_IP, captured_port(i));
+                let pids = vec![s.a.pid()];
+                v.push(of_set(i, column(key, &label, Kind::Passthrough, dst, pids)));
             }
+            let key = format!("hbone{}", key_suffix(&s.spec));
+            let label = format!("ringway hbone{}", suffix(&s.spec));
+            let dst = (hbone_ip(i), captured_port(i));
+            let pids = vec![s.a.pid(), s.b.pid()];
             v.push(Variant {
-                key: format!("hbone{}", key_suffix(&s.spec)),
-                label: format!("ringway hbone{}", suffix(&s.spec)),
-                kind: Kind::Hbone,
-                set: Some(i),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((hbone_ip(i), captured_port(i))))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid(), s.b.pid()]),
                 policies: s.spec.policies,
-                netns: node_a.clone(),
-                compare: None,
+                ..of_set(i, column(key, &label, Kind::Hbone, dst, pids))
             });
         }
         if let Some(b) = &self.orig_src_b {
-            let s = &self.sets[0];
-            v.push(Variant {
-                key: "hbone-orig-src".into(),
-                label: "ringway hbone orig-src".into(),
-                kind: Kind::HboneOrigSrc,
-                set: Some(0),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((ORIG_SRC_IP, captured_port(0))))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid(), b.pid()]),
-                policies: None,
-                netns: node_a.clone(),
-                compare: None,
-            });
+            let dst = (ORIG_SRC_IP, captured_port(0));
+            let pids = vec![self.sets[0].a.pid(), b.pid()];
+            let label = "ringway hbone orig-src";
+            let c = column(
+                "hbone-orig-src".into(),
+                label,
+                Kind::HboneOrigSrc,
+                dst,
+                pids,
+            );
+            v.push(of_set(0, c));
         }
         if self.extras.same_node {
-            let s = &self.sets[0];
-            v.push(Variant {
-                key: "same-node".into(),
-                label: "ringway same-node".into(),
-                kind: Kind::SameNode,
-                set: Some(0),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((SAME_NODE_IP, SAME_NODE_PORT)))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid()]),
-                policies: None,
-                netns: node_a.clone(),
-                compare: None,
-            });
+            let dst = (SAME_NODE_IP, SAME_NODE_PORT);
+            let pids = vec![self.sets[0].a.pid()];
+            let label = "ringway same-node";
+            v.push(of_set(
+                0,
+                column("same-node".into(), label, Kind::SameNode, dst, pids),
+            ));
         }
         if let Some((spec, p)) = &self.peer {
             let (target, mut pids) = match spec.target {
@@ -913,19 +898,12 @@ impl Nodes {
             };
             pids.dedup();
             v.push(Variant {
-                key: "peer".into(),
-                label: spec.name.clone(),
-                kind: Kind::Peer,
-                set: None,
-                cores: None,
                 dialer: Dialer::via_socks5(target, spec.socks).bind(client),
-                procs: Processes::new(pids),
-                policies: None,
-                netns: node_a.clone(),
                 compare: Some(match spec.target {
                     PeerTarget::Plain => Kind::Passthrough,
                     PeerTarget::Hbone => Kind::Hbone,
                 }),
+                ..column("peer".into(), &spec.name, Kind::Peer, direct, pids)
             });
         }
         if let Some(z) = &self.ztunnel {
@@ -944,20 +922,15 @@ impl Nodes {
                     vec![z.a.pid(), z.b.pid()],
                 ),
             ] {
+                let label = format!("ztunnel {key}");
+                let dst = (dst, captured_port(0));
                 v.push(Variant {
-                    key: format!("ztunnel-{key}"),
-                    label: format!("ztunnel {key}"),
-                    kind,
-                    set: None,
-                    cores: None,
-                    dialer: Dialer::direct(SocketAddr::from((dst, captured_port(0)))).bind(client),
-                    procs: Processes::new(pids),
-                    policies: None,
                     netns: z.za.name.clone(),
                     compare: Some(match kind {
                         Kind::ZtunnelPassthrough => Kind::Passthrough,
                         _ => Kind::Hbone,
                     }),
+                    ..column(format!("ztunnel-{key}"), &label, kind, dst, pids)
                 });
             }
         }

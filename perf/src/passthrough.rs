@@ -5,7 +5,7 @@
 //! ratios against direct TCP measured in the same run.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use serde::Serialize;
@@ -174,7 +174,13 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
     );
     let md = markdown(&args, &results, cpu_ratio);
     println!("{md}");
-    write_results(&args.out, "passthrough", &results, &md)?;
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(args.out.join("passthrough.json"), json)?;
+    std::fs::write(args.out.join("passthrough.md"), &md)?;
+    eprintln!(
+        "results written to {}/passthrough.{{json,md}}",
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -203,19 +209,4 @@ fn markdown(args: &PassthroughArgs, results: &[VariantResult], cpu_ratio: Option
         fmt_num(cpu_ratio, 2)
     );
     s
-}
-
-fn write_results<T: Serialize>(
-    dir: &Path,
-    name: &str,
-    results: &T,
-    md: &str,
-) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join(format!("{name}.json")),
-        serde_json::to_string_pretty(results)?,
-    )?;
-    std::fs::write(dir.join(format!("{name}.md")), md)?;
-    eprintln!("results written to {}/{name}.{{json,md}}", dir.display());
-    Ok(())
 }

@@ -9,6 +9,16 @@ use anyhow::Context;
 
 pub use ringway_rig::{check, in_netns, require_root, veth, Netns};
 
+/// Runs one of the repository's `scripts/` (as an operator would) with
+/// `args`; its stderr becomes the error.
+pub fn script(name: &str, args: &[&str]) -> anyhow::Result<()> {
+    check(
+        Command::new("bash")
+            .arg(ringway_rig::script(name))
+            .args(args),
+    )
+}
+
 /// Listener flags newer ringways have, with fixed default ports that would
 /// collide when several ringways share a namespace.
 const SIDE_LISTENERS: [&str; 4] = [

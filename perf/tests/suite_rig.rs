@@ -75,14 +75,7 @@ fn quick_suite_on_the_two_node_rig() {
             "peer"
         ]
     );
-    let metric = |id: &str| -> &serde_json::Value {
-        json["metrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["id"] == id)
-            .unwrap_or_else(|| panic!("no metric {id}"))
-    };
+    let metric = |id: &str| common::metric(&json, id);
     for id in [
         "throughput.1.up.gbps",
         "throughput.2.up.gbps",

@@ -33,7 +33,7 @@ use ringway_controlplane::model::{
     PortMapping, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 use ringway_controlplane::sources::xds::convert::{address_resource, AddressResource};
-use ringway_perf::http::http_get;
+use ringway_perf::http::{get_json, get_ok};
 use ringway_perf::procstat::{cpu_seconds, memory_status};
 use ringway_perf::rig;
 use ringway_perf::supervise::{bound_addr, tail, Spec, Supervised};
@@ -303,21 +303,16 @@ fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
 }
 
 fn get_metrics(addr: SocketAddr) -> anyhow::Result<String> {
-    let (code, body) = http_get(addr, "/metrics", Duration::from_secs(10))?;
-    if code != 200 {
-        bail!("/metrics answered {code}");
-    }
-    Ok(String::from_utf8(body)?)
+    Ok(String::from_utf8(get_ok(
+        addr,
+        "/metrics",
+        Duration::from_secs(10),
+    )?)?)
 }
 
 /// jemalloc's live heap bytes, from ringway's admin `/memory`.
 fn allocated(admin: SocketAddr) -> anyhow::Result<u64> {
-    let (code, body) = http_get(admin, "/memory", Duration::from_secs(10))?;
-    if code != 200 {
-        bail!("/memory answered {code}");
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body)?;
-    v["allocator"]["allocated"]
+    get_json(admin, "/memory", Duration::from_secs(10))?["allocator"]["allocated"]
         .as_u64()
         .context("no allocator.allocated in /memory")
 }

@@ -129,18 +129,12 @@ struct Args {
 }
 
 // ---------------------------------------------------------------------------
-// Cleanup on signals: what exists right now, so the signal thread can
-// remove it (drop guards cover normal exit, errors and panics).
+// Cleanup on signals (drop guards cover normal exit, errors and panics).
+// Everything this process makes is named after its pid: the namespaces
+// (`<prefix>-<pid>-<n>`) and the scratch directory.
 
-struct Registry {
-    netns: Vec<String>,
-    dirs: Vec<PathBuf>,
-}
-
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    netns: Vec::new(),
-    dirs: Vec::new(),
-});
+/// The scratch directory's prefix (config, CA, ZDS sockets).
+const SCRATCH: &str = "inpod-bench";
 
 /// The write end of the self-pipe the signal handler writes to.
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -158,7 +152,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// On SIGINT, SIGTERM or SIGHUP: kills every process this one started
-/// (ringways, perf), deletes the registered namespaces and directories,
+/// (ringways, perf), deletes its namespaces and its scratch directory,
 /// and exits. A handler, not a blocked mask: children inherit a signal
 /// mask (perf and ringway would then ignore their own SIGINT / SIGTERM),
 /// while handlers are reset at exec.
@@ -194,35 +188,18 @@ fn cleanup_on_signals() {
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             }
         }
-        let r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
-        for ns in &r.netns {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", ns])
-                .stderr(std::process::Stdio::null())
-                .status();
+        let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output();
+        let list = ip(&["netns", "list"]).map(|o| o.stdout).unwrap_or_default();
+        let mine = format!("-{me}-");
+        for line in String::from_utf8_lossy(&list).lines() {
+            match line.split_whitespace().next() {
+                Some(ns) if ns.contains(&mine) => drop(ip(&["netns", "del", ns])),
+                _ => {}
+            }
         }
-        for d in &r.dirs {
-            let _ = std::fs::remove_dir_all(d);
-        }
+        let _ = std::fs::remove_dir_all(Scratch::path(SCRATCH));
         std::process::exit(128 + b as i32);
     });
-}
-
-fn netns(prefix: &str) -> anyhow::Result<Netns> {
-    let ns = Netns::new(prefix)?;
-    register(&ns);
-    Ok(ns)
-}
-
-fn register(ns: &Netns) {
-    REGISTRY.lock().unwrap().netns.push(ns.name.clone());
-}
-
-/// The scratch directory (config, CA, ZDS sockets), removed on drop.
-fn scratch() -> anyhow::Result<Scratch> {
-    let work = Scratch::new("inpod-bench")?;
-    REGISTRY.lock().unwrap().dirs.push(work.0.clone());
-    Ok(work)
 }
 
 // ---------------------------------------------------------------------------
@@ -337,8 +314,14 @@ fn pod_shape(a: &Args) -> &'static str {
 
 /// `ss -ltn` inside `ns` (for error messages).
 fn listening(ns: &str) -> String {
+    ss(ns, &["-ltn"])
+}
+
+/// `ss ARGS` inside `ns`: its output (empty if it failed).
+fn ss(ns: &str, args: &[&str]) -> String {
     std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "ss", "-ltn"])
+        .args(["netns", "exec", ns, "ss"])
+        .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
@@ -347,17 +330,22 @@ fn listening(ns: &str) -> String {
 // ---------------------------------------------------------------------------
 // Part 1: pod enrolment.
 
-fn pod_enrolment(
-    a: &Args,
-    bin: &Path,
-    work: &Path,
-    logs: &Path,
-    side: &[String],
-) -> anyhow::Result<Value> {
-    let node = netns("rwib-n0")?;
+/// What both parts run with: the arguments, the ringway binary, the
+/// scratch and log folders, and the side-listener flags.
+struct Bench<'a> {
+    a: &'a Args,
+    bin: &'a Path,
+    work: &'a Path,
+    logs: &'a Path,
+    side: &'a [String],
+}
+
+fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
+    let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
+    let node = Netns::new("rwib-n0")?;
     let hub = match a.no_pod_veth {
         true => None,
-        false => Some(netns("rwib-hub")?),
+        false => Some(Netns::new("rwib-hub")?),
     };
     progress(&format!(
         "creating {} pod namespaces ({})",
@@ -366,7 +354,7 @@ fn pod_enrolment(
     ));
     let mut pods = Vec::with_capacity(a.pods);
     for i in 0..a.pods {
-        let p = netns("rwib-p")?;
+        let p = Netns::new("rwib-p")?;
         if let Some(h) = &hub {
             let ip = format!("10.254.{}.{}/16", i / 250, i % 250 + 1);
             if a.pod_ipv6 {
@@ -477,14 +465,6 @@ fn mesh(pods: &[(String, String, Ipv4Addr, String)]) -> String {
     y + "services: []\npolicies: []\n"
 }
 
-fn inpod_rules(ns: &Netns) -> anyhow::Result<()> {
-    rig::check(
-        std::process::Command::new("bash")
-            .arg(ringway_rig::script("inpod-rules.sh"))
-            .arg(&ns.name),
-    )
-}
-
 /// A listener that writes the peer's address and closes: shows who made
 /// the connection that reached the server pod.
 fn whoami(addr: SocketAddr) -> anyhow::Result<()> {
@@ -514,21 +494,10 @@ fn ask_whoami(client_ns: &str, to: SocketAddr) -> anyhow::Result<String> {
 
 /// Established TCP connections inside `ns` to `dst` (`ss`).
 fn established_to(ns: &str, dst: SocketAddr) -> usize {
-    std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "ss",
-            "-Htn",
-            "state",
-            "established",
-            "dst",
-        ])
-        .arg(dst.to_string())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-        .unwrap_or(0)
+    let dst = dst.to_string();
+    ss(ns, &["-Htn", "state", "established", "dst", &dst])
+        .lines()
+        .count()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -614,25 +583,14 @@ struct Pair {
 }
 
 impl Pair {
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        spec: &Spec,
-        a: &Args,
-        bin: &Path,
-        work: &Path,
-        logs: &Path,
-        side: &[String],
-        config: &Path,
-        ca: &Path,
-    ) -> anyhow::Result<Pair> {
+    fn start(spec: &Spec, b: &Bench, config: &Path, ca: &Path) -> anyhow::Result<Pair> {
+        let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
         let tag = spec.net;
         // Two pods tuned as the suite's nodes (connection-rate runs).
         let (client, server, c_if) = node_pair(
             (&format!("rwib-c{tag}"), &[format!("{}/24", spec.client())]),
             (&format!("rwib-s{tag}"), &[format!("{}/24", spec.server())]),
         )?;
-        register(&client);
-        register(&server);
         let sink = SocketAddr::from((spec.server(), SINK_PORT));
         server.enter(move || server::spawn(&[sink]))??;
         let who = SocketAddr::from((spec.server(), WHOAMI_PORT));
@@ -650,14 +608,15 @@ impl Pair {
             Kind::InPod(orig_src) => {
                 // istio-cni's rules in both pods; a ringway per node, each
                 // in a namespace of its own, enrolling its pod.
-                inpod_rules(&pair.client)?;
-                inpod_rules(&pair._server)?;
+                for pod in [&pair.client, &pair._server] {
+                    rig::script("inpod-rules.sh", &[&pod.name])?;
+                }
                 let pods = [
                     (&pair.client.name, &client_name),
                     (&pair._server.name, &server_name),
                 ];
                 for (i, (pod_ns, name)) in pods.into_iter().enumerate() {
-                    let node = netns(&format!("rwib-n{tag}{i}"))?;
+                    let node = Netns::new(&format!("rwib-n{tag}{i}"))?;
                     let agent = Agent::listen(&work.join(format!("zds-{}-{i}.sock", spec.key)));
                     let mut args = inpod_args(&agent.path, config, ca, spec.nodes[i], side);
                     if let Some(v) = orig_src {
@@ -801,13 +760,8 @@ const METRICS: [(&str, &str, &str, bool, usize, &str); 10] = [
     ),
 ];
 
-fn side_by_side(
-    a: &Args,
-    bin: &Path,
-    work: &Path,
-    logs: &Path,
-    side: &[String],
-) -> anyhow::Result<Value> {
+fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
+    let Bench { a, work, logs, .. } = *b;
     let specs = specs(!a.no_orig_src_column);
     let config = work.join("mesh.yaml");
     let mut workloads = Vec::new();
@@ -820,7 +774,7 @@ fn side_by_side(
     let ca = work.join("ca");
     let mut pairs = Vec::new();
     for s in &specs {
-        pairs.push(Pair::start(s, a, bin, work, logs, side, &config, &ca)?);
+        pairs.push(Pair::start(s, b, &config, &ca)?);
     }
     let modes: Vec<Mode> = specs
         .iter()
@@ -1300,7 +1254,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out)?;
     let logs = a.out.join("logs");
     std::fs::create_dir_all(&logs)?;
-    let work = scratch()?;
+    let work = Scratch::new(SCRATCH)?;
     let side = rig::side_listener_args(&bin)?;
     progress(&format!(
         "ringway {} ({}), out {}",
@@ -1309,13 +1263,20 @@ fn run(a: &Args) -> anyhow::Result<()> {
         a.out.display()
     ));
 
+    let b = Bench {
+        a,
+        bin: &bin,
+        work: &work.0,
+        logs: &logs,
+        side: &side,
+    };
     let pods = match a.skip_pods {
         true => Value::Null,
-        false => pod_enrolment(a, &bin, &work.0, &logs, &side).context("pod enrolment")?,
+        false => pod_enrolment(&b).context("pod enrolment")?,
     };
     let cmp = match a.skip_compare {
         true => Value::Null,
-        false => side_by_side(a, &bin, &work.0, &logs, &side).context("in-pod vs node-level")?,
+        false => side_by_side(&b).context("in-pod vs node-level")?,
     };
     let text = table(a, &machine, &pods, &cmp);
     let out = json!({

@@ -42,7 +42,6 @@ use std::fmt::Write as _;
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -51,7 +50,7 @@ use ringway_benchkit::{live_bytes, peak_bytes, reset_peak, Counting};
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::certs;
 use ringway_controlplane::sources::local;
-use ringway_perf::http::http_get;
+use ringway_perf::http::{get_json, get_ok};
 use ringway_perf::procstat::memory_status as proc_status;
 use ringway_perf::rig::{self, Netns};
 use ringway_perf::supervise::{bound_addr, Spec, Supervised};
@@ -74,10 +73,11 @@ struct Args {
     /// background thread purges on time: `background_thread:true`).
     #[arg(
         long,
+        value_enum,
         default_value = "ringway,ringway-node,ztunnel",
         value_delimiter = ','
     )]
-    variants: Vec<String>,
+    variants: Vec<Kind>,
     /// Leave out ztunnel (no root needed then).
     #[arg(long)]
     no_ztunnel: bool,
@@ -149,11 +149,7 @@ const ABSENT_NODE: &str = "node-absent.cluster.internal";
 
 impl Shape {
     fn label(&self) -> String {
-        if self.workloads == 0 {
-            "empty".into()
-        } else {
-            format!("{} / {}", short(self.workloads), short(self.services))
-        }
+        mesh_label(self.workloads, self.services)
     }
 
     fn namespace(&self, s: usize) -> String {
@@ -269,6 +265,14 @@ impl Shape {
     }
 }
 
+/// "empty", or "20k / 2k" (workloads / services).
+fn mesh_label(workloads: usize, services: usize) -> String {
+    match workloads {
+        0 => "empty".into(),
+        _ => format!("{} / {}", short(workloads), short(services)),
+    }
+}
+
 fn short(n: usize) -> String {
     if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
@@ -297,30 +301,18 @@ fn dump_counts(body: &[u8]) -> anyhow::Result<(usize, usize)> {
 // One measured run
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 enum Kind {
     Ringway,
     RingwayNode,
+    #[value(name = "ringway-nodecay")]
     RingwayNoDecay,
+    #[value(name = "ringway-bgthread")]
     RingwayBgThread,
     Ztunnel,
 }
 
 impl Kind {
-    fn parse(s: &str) -> anyhow::Result<Kind> {
-        Ok(match s {
-            "ringway" => Kind::Ringway,
-            "ringway-node" => Kind::RingwayNode,
-            "ringway-nodecay" => Kind::RingwayNoDecay,
-            "ringway-bgthread" => Kind::RingwayBgThread,
-            "ztunnel" => Kind::Ztunnel,
-            _ => bail!(
-                "unknown variant {s:?} (ringway, ringway-node, ringway-nodecay, \
-                 ringway-bgthread, ztunnel)"
-            ),
-        })
-    }
-
     fn key(self) -> &'static str {
         match self {
             Kind::Ringway => "ringway",
@@ -445,22 +437,18 @@ impl Bench {
         };
         if let Some(admin) = started.admin {
             if kind != Kind::Ztunnel {
-                run.allocator = http_get(admin, "/memory", Duration::from_secs(5))
+                run.allocator = get_json(admin, "/memory", Duration::from_secs(5))
                     .ok()
-                    .filter(|(code, _)| *code == 200)
-                    .and_then(|(_, body)| serde_json::from_slice::<Value>(&body).ok())
                     .map(|v| v["allocator"].clone())
                     .filter(|a| !a.is_null());
             }
             if !self.args.no_verify {
-                let get = move || http_get(admin, "/config_dump", Duration::from_secs(120));
-                let (code, body) = match &started.netns {
-                    Some(ns) => ns.enter(get)??,
-                    None => get()?,
-                };
-                if code != 200 {
-                    bail!("{name}: /config_dump answered {code}");
+                let get = move || get_ok(admin, "/config_dump", Duration::from_secs(120));
+                let body = match &started.netns {
+                    Some(ns) => ns.enter(get)?,
+                    None => get(),
                 }
+                .with_context(|| name.clone())?;
                 let (w, s) = dump_counts(&body)?;
                 if w != run.workloads || s != run.services {
                     bail!(
@@ -699,11 +687,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
         let zt = find(Kind::Ztunnel, n);
         for &k in kinds {
             let Some(r) = find(k, n) else { continue };
-            let shape = if n == 0 {
-                "empty".to_string()
-            } else {
-                format!("{} / {}", short(r.workloads), short(r.services))
-            };
+            let shape = mesh_label(r.workloads, r.services);
             let bpw = per_workload(r, find(k, 0));
             let mut row = format!(
                 "| {shape} | {} | {:.2} s | {} | {} | {} | {} | {} |",
@@ -763,11 +747,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                if r.workloads == 0 {
-                    "empty".into()
-                } else {
-                    format!("{} / {}", short(r.workloads), short(r.services))
-                },
+                mesh_label(r.workloads, r.services),
                 r.variant,
                 r.certificates.map_or("–".into(), |c| c.to_string()),
                 get("allocated"),
@@ -787,11 +767,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
         .map(|r| {
             format!(
                 "{}: {:.1} MiB of YAML, {} identities",
-                if r.workloads == 0 {
-                    "empty".to_string()
-                } else {
-                    format!("{} / {}", short(r.workloads), short(r.services))
-                },
+                mesh_label(r.workloads, r.services),
                 r.file_bytes as f64 / (1 << 20) as f64,
                 r.identities
             )
@@ -826,11 +802,7 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mut kinds: Vec<Kind> = args
-        .variants
-        .iter()
-        .map(|v| Kind::parse(v))
-        .collect::<Result<_, _>>()?;
+    let mut kinds = args.variants.clone();
     if args.no_ztunnel {
         kinds.retain(|k| *k != Kind::Ztunnel);
     }
@@ -911,21 +883,14 @@ fn main() -> anyhow::Result<()> {
     let md = report(&runs, &kinds) + &heap_report(&heaps);
     println!("{md}");
     std::fs::write(bench.args.out.join("results.md"), &md)?;
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
+    let (commit, dirty) = ringway_perf::machine::checkout(Path::new("."));
     let versions = json!({
         "machine": ringway_perf::machine::describe(Some(&bench.ringway)),
         "ztunnel": bench.ztunnel.as_deref().and_then(ztunnel::version),
         // The checkout scale-bench ran from (the binary may live in a
         // shared target folder).
-        "git_commit": git(&["rev-parse", "HEAD"]),
-        "git_dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "git_commit": commit,
+        "git_dirty": dirty,
     });
     let out = json!({
         "settings": {

@@ -36,6 +36,9 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use ringway_benchkit::{
+    fmt_dur, fmt_ns, live_bytes, median, median_duration, ns_per_call, Counting,
+};
 use ringway_controlplane::model::authz::reference::{self, RefVerdict};
 use ringway_controlplane::model::authz::{Conn, Verdict};
 use ringway_controlplane::model::snapshot::Snapshot;
@@ -43,7 +46,6 @@ use ringway_controlplane::model::{
     Cidr, Clause, Match, Policy, PolicyAction, PolicyScope, Rule, StringMatch, Workload,
 };
 use ringway_controlplane::Identity;
-use ringway_benchkit::{fmt_dur, fmt_ns, live_bytes, median, median_duration, ns_per_call, Counting};
 use serde_json::json;
 
 #[global_allocator]

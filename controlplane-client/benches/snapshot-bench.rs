@@ -15,11 +15,11 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use ringway_benchkit::{fmt_dur, live_bytes, median_duration as median, Counting};
 use ringway_controlplane::model::snapshot::{Snapshot, SnapshotDelta};
 use ringway_controlplane::model::{
     Locality, NetworkAddress, PortMapping, Service, TunnelProtocol, Workload,
 };
-use ringway_benchkit::{fmt_dur, live_bytes, median_duration as median, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;

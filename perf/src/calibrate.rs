@@ -3,9 +3,8 @@
 //! iperf3's, alternating the two over several rounds. Ours must reach
 //! `min_ratio` (default 90 %) of iperf3.
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -14,6 +13,7 @@ use serde::Serialize;
 use crate::dial::Dialer;
 use crate::procstat::Processes;
 use crate::stats::{median, ratio};
+use crate::supervise::{Ready, Spec, Supervised};
 use crate::throughput::{self, Direction};
 
 #[derive(clap::Args, Clone, Debug, Serialize)]
@@ -67,47 +67,40 @@ impl Calibration {
     }
 }
 
-/// An `iperf3 -s` on loopback, killed on drop.
+/// An `iperf3 -s` on loopback, stopped on drop; its output goes to a
+/// scratch log, removed then.
 struct Iperf3Server {
-    child: Child,
+    server: Supervised,
     port: u16,
 }
 
 impl Iperf3Server {
     fn start() -> anyhow::Result<Iperf3Server> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut child = Command::new("iperf3")
-            .args([
-                "-s",
-                "-B",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "--forceflush",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start iperf3 -s")?;
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let server = Iperf3Server { child, port };
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("Server listening") => break,
-                Some(Ok(_)) => {}
-                _ => bail!("iperf3 -s exited before listening on port {port}"),
-            }
-        }
-        // Keep draining its output so it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Ok(server)
+        let args = [
+            "-s",
+            "-B",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--forceflush",
+        ];
+        let name = format!("ringway-perf-iperf3-{}-{port}", std::process::id());
+        let spec = Spec::new(
+            &name,
+            "iperf3",
+            args.map(String::from).to_vec(),
+            &std::env::temp_dir(),
+        )
+        .ready(Ready::Output(vec!["Server listening"]));
+        let server = Supervised::start(None, spec)?;
+        Ok(Iperf3Server { server, port })
     }
 }
 
 impl Drop for Iperf3Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.server.log());
     }
 }
 
@@ -160,12 +153,8 @@ pub fn run(p: &Params, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Calibra
     let mut ours = Vec::new();
     for round in 0..p.rounds {
         // iperf3 first in round 1: its rate sizes our runs.
-        let order: [bool; 2] = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for is_iperf in order {
+        let iperf_first = round % 2 == 0;
+        for is_iperf in [iperf_first, !iperf_first] {
             if is_iperf {
                 let g = iperf3_client(iperf.port, p)?;
                 progress(&format!(

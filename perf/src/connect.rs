@@ -128,20 +128,7 @@ fn worker(dialer: &Dialer, p: Params, share: Option<u64>, barrier: &Barrier) -> 
     barrier.wait();
     barrier.wait();
     let start = Instant::now();
-    let deadline = match p.limit {
-        Limit::Duration(d) => Some(start + d),
-        Limit::Count(_) => None,
-    };
-    let mut attempts = 0u64;
-    loop {
-        if share.is_some_and(|n| attempts >= n) {
-            break;
-        }
-        let t0 = Instant::now();
-        if deadline.is_some_and(|d| t0 >= d) {
-            break;
-        }
-        attempts += 1;
+    for t0 in p.limit.budget(share) {
         match one(dialer) {
             Ok(()) => latency::record(&mut w.hist, t0.elapsed()),
             Err(e) => {

@@ -36,6 +36,24 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Resu
     Ok((status, body))
 }
 
+/// [`http_get`] that must answer 200: its body.
+pub fn get_ok(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<Vec<u8>> {
+    match http_get(addr, path, timeout)? {
+        (200, body) => Ok(body),
+        (code, _) => anyhow::bail!("{path} answered {code}"),
+    }
+}
+
+/// [`get_ok`] of a JSON body.
+pub fn get_json(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_slice(&get_ok(addr, path, timeout)?)
+        .with_context(|| format!("{path}: not JSON"))
+}
+
 pub fn dechunk(mut data: &[u8]) -> anyhow::Result<Vec<u8>> {
     let mut out = Vec::new();
     loop {

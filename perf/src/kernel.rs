@@ -38,7 +38,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,7 @@ use serde::Serialize;
 use crate::dial::Dialer;
 use crate::procstat::{self, Processes};
 use crate::rr::{self, RrResult};
+use crate::supervise::{Spec, Supervised};
 
 /// The tracepoint that counts io_uring requests.
 const IO_URING_EVENT: &str = "io_uring:io_uring_submit_req";
@@ -124,10 +125,7 @@ fn count(
         return Err(io::Error::other("kernel counts need proxy processes"));
     }
     let tids = procs.threads();
-    let mut counter = match PerfStat::start(&tids, named) {
-        Ok(c) => Ok(c),
-        Err(e) => Err(format!("not counted: {e}")),
-    };
+    let mut counter = Counter::start(&tids, named);
     let mut before = Vec::new();
     let r = rr::run_probed(dialer, p, procs, &mut |phase| match phase {
         rr::Phase::Start => {
@@ -135,19 +133,9 @@ fn count(
                 .iter()
                 .map(|&t| procstat::ctx_switches(t).ok())
                 .collect();
-            if let Ok(c) = &mut counter {
-                if let Err(e) = c.command("enable") {
-                    counter = Err(format!("not counted: perf enable: {e}"));
-                }
-            }
+            counter.switch("enable");
         }
-        rr::Phase::Stop => {
-            if let Ok(c) = &mut counter {
-                if let Err(e) = c.command("disable") {
-                    counter = Err(format!("not counted: perf disable: {e}"));
-                }
-            }
-        }
+        rr::Phase::Stop => counter.switch("disable"),
     });
     // Context switches right after the window (perf's disable ack is
     // microseconds; the proxies are idle by then).
@@ -159,7 +147,7 @@ fn count(
         }
     }
     let new_threads = procs.threads().iter().filter(|t| !tids.contains(t)).count();
-    let counted = counter.and_then(|c| c.finish().map_err(|e| format!("not counted: {e}")));
+    let counted = counter.finish();
     let rr = r?;
     let (syscalls, total, io_uring, method) = match counted {
         Ok(c) => {
@@ -214,20 +202,35 @@ pub fn count_around<T>(
     f: impl FnOnce() -> T,
 ) -> (T, Result<Counted, String>) {
     let named: BTreeSet<String> = named.iter().map(|s| s.to_string()).collect();
-    let mut counter = PerfStat::start(tids, &named).map_err(|e| format!("not counted: {e:#}"));
-    if let Ok(c) = &mut counter {
-        if let Err(e) = c.command("enable") {
-            counter = Err(format!("not counted: perf enable: {e:#}"));
-        }
-    }
+    let mut counter = Counter::start(tids, &named);
+    counter.switch("enable");
     let out = f();
-    if let Ok(c) = &mut counter {
-        if let Err(e) = c.command("disable") {
-            counter = Err(format!("not counted: perf disable: {e:#}"));
+    counter.switch("disable");
+    (out, counter.finish())
+}
+
+/// A `perf stat` around a window, or why there is none ("not counted:
+/// …", for the result).
+struct Counter(Result<PerfStat, String>);
+
+impl Counter {
+    fn start(tids: &[u32], named: &BTreeSet<String>) -> Counter {
+        Counter(PerfStat::start(tids, named).map_err(|e| format!("not counted: {e:#}")))
+    }
+
+    /// `enable` or `disable` the events; a failure ends the counting.
+    fn switch(&mut self, cmd: &str) {
+        if let Ok(c) = &mut self.0 {
+            if let Err(e) = c.command(cmd) {
+                self.0 = Err(format!("not counted: perf {cmd}: {e:#}"));
+            }
         }
     }
-    let counted = counter.and_then(|c| c.finish().map_err(|e| format!("not counted: {e:#}")));
-    (out, counted)
+
+    fn finish(self) -> Result<Counted, String> {
+        self.0
+            .and_then(|c| c.finish().map_err(|e| format!("not counted: {e:#}")))
+    }
 }
 
 /// What `perf stat` counted.
@@ -307,7 +310,7 @@ pub fn tid_filter(tids: &[u32]) -> String {
 /// A running `perf stat`, events disabled until [`PerfStat::command`]
 /// `enable`.
 struct PerfStat {
-    child: Child,
+    perf: Supervised,
     ctl: File,
     ack: File,
     dir: PathBuf,
@@ -365,15 +368,11 @@ impl PerfStat {
         for e in &events {
             args.extend(["-e", e, "--filter", &filter].map(String::from));
         }
-        let child = Command::new("perf")
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(dir.join("stderr"))?)
-            .spawn()
+        // Ready at once: its control FIFO tells when it is set up (below).
+        let perf = Supervised::start(None, Spec::new("perf", "perf", args, &dir))
             .context("cannot run perf (apt-get install linux-perf)")?;
         let mut p = PerfStat {
-            child,
+            perf,
             // Placeholders until the FIFOs open below.
             ctl: File::open("/dev/null")?,
             ack: File::open("/dev/null")?,
@@ -416,12 +415,9 @@ impl PerfStat {
         Ok(p)
     }
 
-    /// Fails if perf has exited (with its stderr) or `deadline` passed.
+    /// Fails if perf has exited (with its output) or `deadline` passed.
     fn alive_until(&mut self, deadline: Instant) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            let err = std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default();
-            anyhow::bail!("perf exited ({status}): {}", err.trim());
-        }
+        self.perf.check_alive()?;
         anyhow::ensure!(Instant::now() < deadline, "perf did not answer in time");
         Ok(())
     }
@@ -458,29 +454,14 @@ impl PerfStat {
 
     /// Stops perf (SIGINT: it prints its counts) and reads them.
     fn finish(mut self) -> anyhow::Result<Counted> {
-        // SAFETY: kill takes no memory; the pid is our own child's.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
-        }
         // Closing hundreds of tracepoint events takes perf a few seconds.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if self.child.try_wait()?.is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                anyhow::bail!("perf did not exit after SIGINT");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.perf.interrupt(Duration::from_secs(120))?;
         let text = std::fs::read_to_string(self.dir.join("out.csv"))?;
         let csv = parse_perf_csv(&text);
         anyhow::ensure!(
             csv.total.is_some(),
             "perf printed no system-call count: {}",
-            std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+            std::fs::read_to_string(self.perf.log()).unwrap_or_default()
         );
         let io_uring = csv.io_uring;
         let (syscalls, total) = csv.by_type();
@@ -495,10 +476,7 @@ impl PerfStat {
 
 impl Drop for PerfStat {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        // perf itself is stopped as its field drops.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -5,8 +5,8 @@
 //!   each), driven through a [`dial::Dialer`] (direct, transparently
 //!   captured, or SOCKS5);
 //! * [`server`]: the sink / responder they talk to;
-//! * rigs: [`rig`] (namespaces, capture rules, proxy processes) and
-//!   [`nodes`] (the two-node HBONE rig);
+//! * rigs: [`rig`] (namespaces, capture rules), [`supervise`] (every
+//!   process they start) and [`nodes`] (the two-node HBONE rig);
 //! * [`suite`]: every scenario × variant, rounds, medians, ratios, report,
 //!   charts; [`calibrate`]: the generator against iperf3.
 
@@ -19,7 +19,6 @@ pub mod idle;
 pub mod kernel;
 pub mod latency;
 pub mod machine;
-pub mod microbench;
 pub mod nodes;
 pub mod passthrough;
 pub mod procstat;
@@ -31,6 +30,7 @@ pub mod server;
 pub mod socks5;
 pub mod stats;
 pub mod suite;
+pub mod supervise;
 pub mod throughput;
 pub mod units;
 pub mod wire;

@@ -73,13 +73,19 @@ pub fn describe(ringway: Option<&Path>) -> Machine {
     }
 }
 
-fn ringway_build(bin: &Path) -> RingwayBuild {
-    let dir = bin.parent().unwrap_or(Path::new("."));
+/// HEAD of the git checkout at `dir`, and whether tracked files have
+/// uncommitted changes (best effort).
+pub fn checkout(dir: &Path) -> (Option<String>, Option<bool>) {
     let git = |args: &[&str]| run(Command::new("git").arg("-C").arg(dir).args(args));
     let commit = git(&["rev-parse", "HEAD"]);
     let dirty = commit.as_ref().and_then(|_| {
         git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty())
     });
+    (commit, dirty)
+}
+
+fn ringway_build(bin: &Path) -> RingwayBuild {
+    let (commit, dirty) = checkout(bin.parent().unwrap_or(Path::new(".")));
     RingwayBuild {
         path: bin.display().to_string(),
         version: run(Command::new(bin).arg("--version")).unwrap_or_else(|| "unknown".into()),

@@ -28,14 +28,16 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 
 use crate::dial::Dialer;
 use crate::procstat::Processes;
-use crate::rig::{self, CommandProxy, Netns, Proxy};
-use crate::ztunnel::{self, Ztunnel};
+use crate::rig::{self, listener_args, Netns, ANY_PORT};
+use crate::supervise::{Ready, Spec, Supervised};
+use crate::ztunnel;
 
 pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 1);
 /// On node B, not a mesh workload: passthrough destination.
@@ -74,10 +76,75 @@ fn outbound_port(i: usize) -> u16 {
 pub const EPHEMERAL_PORTS: (u16, u16) = (16384, 65535);
 
 /// The namespace settings every node of the rig gets.
-fn tune(ns: &Netns) -> anyhow::Result<()> {
+pub fn tune(ns: &Netns) -> anyhow::Result<()> {
     ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
     let (lo, hi) = EPHEMERAL_PORTS;
     ns.sysctl("net.ipv4.ip_local_port_range", &format!("{lo} {hi}"))
+}
+
+/// Two fresh, [`tune`]d namespaces joined by a veth pair with the given
+/// CIDRs on each end; returns them and the name of `a`'s end.
+pub fn node_pair(
+    (a_prefix, a_ips): (&str, &[String]),
+    (b_prefix, b_ips): (&str, &[String]),
+) -> anyhow::Result<(Netns, Netns, String)> {
+    let a = Netns::new(a_prefix)?;
+    let b = Netns::new(b_prefix)?;
+    let a_refs: Vec<&str> = a_ips.iter().map(String::as_str).collect();
+    let b_refs: Vec<&str> = b_ips.iter().map(String::as_str).collect();
+    let (ia, _) = rig::veth(&a, &a_refs, &b, &b_refs)?;
+    for ns in [&a, &b] {
+        tune(ns)?;
+    }
+    Ok((a, b, ia))
+}
+
+/// The arguments every ringway of a rig gets: its mesh config, the rig's
+/// CA, its node name, JSON logs and `side` (see
+/// [`rig::side_listener_args`]).
+pub fn ringway_args(config: &Path, ca: &Path, node: &str, side: &[String]) -> Vec<String> {
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_string();
+    let mut v = vec!["--config".into(), path(config), "--ca-dir".into(), path(ca)];
+    v.extend(strings(&["--node-name", node, "--log-format", "json"]));
+    v.extend(side.iter().cloned());
+    v
+}
+
+/// Pinning a `--cores` value asks for with a suffix (`2:pinned`,
+/// `2:unpinned`), so a sweep compares both side by side. Without one,
+/// ringway's default applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinning {
+    Pinned,
+    Unpinned,
+}
+
+impl Pinning {
+    const ALL: [Pinning; 2] = [Pinning::Pinned, Pinning::Unpinned];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Pinning::Pinned => ":pinned",
+            Pinning::Unpinned => ":unpinned",
+        }
+    }
+
+    /// ringway's flag for it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Pinning::Pinned => "--pin",
+            Pinning::Unpinned => "--no-pin",
+        }
+    }
+}
+
+/// Splits a `--cores` value of a [`SetSpec`] into ringway's `--cores` and
+/// the pinning it asks for, if any.
+pub fn split_pinning(v: &str) -> (&str, Option<Pinning>) {
+    Pinning::ALL
+        .into_iter()
+        .find_map(|p| v.strip_suffix(p.suffix()).map(|c| (c, Some(p))))
+        .unwrap_or((v, None))
 }
 
 /// Where the peer proxy's connections go.
@@ -170,8 +237,8 @@ pub const SAME_NODE_PORT: u16 = 5400;
 ///
 /// Field order is drop order: processes before their namespaces.
 pub struct ZtunnelNodes {
-    pub a: Ztunnel,
-    pub b: Ztunnel,
+    pub a: Supervised,
+    pub b: Supervised,
     pub za: Netns,
     pub zb: Netns,
 }
@@ -184,18 +251,13 @@ impl ZtunnelNodes {
         log_level: &str,
         progress: &mut dyn FnMut(&str),
     ) -> anyhow::Result<ZtunnelNodes> {
-        let za = Netns::new("rwpza")?;
-        let zb = Netns::new("rwpzb")?;
-        let b_ips = [format!("{PLAIN_IP}/24"), format!("{}/24", hbone_ip(0))];
-        let (iza, _) = rig::veth(
-            &za,
-            &[&format!("{CLIENT_IP}/24")],
-            &zb,
-            &[&b_ips[0], &b_ips[1]],
+        let (za, zb, iza) = node_pair(
+            ("rwpza", &[format!("{CLIENT_IP}/24")]),
+            (
+                "rwpzb",
+                &[format!("{PLAIN_IP}/24"), format!("{}/24", hbone_ip(0))],
+            ),
         )?;
-        for ns in [&za, &zb] {
-            tune(ns)?;
-        }
         za.nft(&capture_rules(
             &iza,
             &[(captured_port(0), ztunnel::OUTBOUND_PORT)],
@@ -206,20 +268,11 @@ impl ZtunnelNodes {
         ];
         zb.enter(move || crate::server::spawn(&listen))??;
         let server = format!("{SERVER_NAMESPACE}/server-0/server");
-        let b = Ztunnel::start(
-            &zb,
-            bin,
-            "ztunnel-b",
-            ztunnel::env(config, &server, log_level),
-            log_dir,
-        )?;
-        let a = Ztunnel::start(
-            &za,
-            bin,
-            "ztunnel-a",
-            ztunnel::env(config, "client-ns/client/client", log_level),
-            log_dir,
-        )?;
+        let env = |workload: &str| ztunnel::env(config, workload, log_level);
+        let b = ztunnel::spec(bin, "ztunnel-b", env(&server), log_dir);
+        let b = Supervised::start(Some(&zb), b)?;
+        let a = ztunnel::spec(bin, "ztunnel-a", env("client-ns/client/client"), log_dir);
+        let a = Supervised::start(Some(&za), a)?;
         progress(&format!(
             "started ztunnel pair: node ZA pid {}, node ZB pid {} ({})",
             a.pid(),
@@ -233,14 +286,14 @@ impl ZtunnelNodes {
 pub struct RingwaySet {
     /// What the pair runs now (a policy sweep moves the counts around).
     pub spec: SetSpec,
-    pub a: Proxy,
-    pub b: Proxy,
+    pub a: Supervised,
+    pub b: Supervised,
 }
 
 /// The running rig. Field order is drop order: processes before the
 /// namespaces they live in.
 pub struct Nodes {
-    pub peer: Option<(PeerSpec, CommandProxy)>,
+    pub peer: Option<(PeerSpec, Supervised)>,
     pub ztunnel: Option<ZtunnelNodes>,
     pub sets: Vec<RingwaySet>,
     /// The sets as configured; `placement[j]` is the pair that runs
@@ -249,17 +302,32 @@ pub struct Nodes {
     placement: Vec<usize>,
     pub a: Netns,
     pub b: Netns,
-    work: TempDir,
+    work: Scratch,
     /// The optional columns in the rig.
     extras: Extras,
     /// The orig-src column's ringway B (node B, `--orig-src`).
-    pub orig_src_b: Option<Proxy>,
+    pub orig_src_b: Option<Supervised>,
 }
 
-/// A scratch directory (config, CA), removed on drop.
-struct TempDir(PathBuf);
+/// A fresh scratch directory (configs, CA, sockets), removed on drop.
+pub struct Scratch(pub PathBuf);
 
-impl Drop for TempDir {
+impl Scratch {
+    /// Where [`Scratch::new`] puts it: `<temp dir>/<prefix>-<pid>`.
+    pub fn path(prefix: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()))
+    }
+
+    /// [`Scratch::path`], emptied.
+    pub fn new(prefix: &str) -> anyhow::Result<Scratch> {
+        let p = Scratch::path(prefix);
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p)?;
+        Ok(Scratch(p))
+    }
+}
+
+impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
@@ -432,7 +500,7 @@ fn ringway_redirects(sets: usize) -> Vec<(u16, u16)> {
         .collect()
 }
 
-fn strings(v: &[&str]) -> Vec<String> {
+pub fn strings(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
@@ -444,22 +512,13 @@ impl Nodes {
             bail!("1 to {MAX_CORE_SETS} ringway sets");
         }
         std::fs::create_dir_all(&cfg.log_dir)?;
-        let work =
-            TempDir(std::env::temp_dir().join(format!("ringway-perf-{}", std::process::id())));
-        let _ = std::fs::remove_dir_all(&work.0);
-        std::fs::create_dir_all(&work.0)?;
-        let a = Netns::new("rwpa")?;
-        let b = Netns::new("rwpb")?;
+        let work = Scratch::new("ringway-perf")?;
         let mut b_ips = vec![format!("{PLAIN_IP}/24")];
         b_ips.extend((0..n).map(|i| format!("{}/24", hbone_ip(i))));
         if cfg.orig_src {
             b_ips.push(format!("{ORIG_SRC_IP}/24"));
         }
-        let b_refs: Vec<&str> = b_ips.iter().map(String::as_str).collect();
-        let (ia, _) = rig::veth(&a, &[&format!("{CLIENT_IP}/24")], &b, &b_refs)?;
-        for ns in [&a, &b] {
-            tune(ns)?;
-        }
+        let (a, b, ia) = node_pair(("rwpa", &[format!("{CLIENT_IP}/24")]), ("rwpb", &b_ips))?;
         a.nft(&capture_rules(&ia, &ringway_redirects(n)))?;
         if cfg.same_node {
             // A local address: node A's veth rules never see it.
@@ -488,23 +547,12 @@ impl Nodes {
 
         let side = rig::side_listener_args(&cfg.ringway)?;
         let common = |node: &str, config: &Path, spec: &SetSpec| -> Vec<String> {
-            let cores = &spec.cores;
-            let mut v = strings(&[
-                "--config",
-                config.to_str().unwrap(),
-                "--ca-dir",
-                ca.to_str().unwrap(),
-                "--node-name",
-                node,
-                "--log-format",
-                "json",
-            ]);
-            if let Some(c) = cores {
-                let (c, pin) = crate::suite::split_pinning(c);
+            let mut v = ringway_args(config, &ca, node, &side);
+            if let Some(c) = &spec.cores {
+                let (c, pin) = split_pinning(c);
                 v.extend(strings(&["--cores", c]));
                 v.extend(pin.map(|p| p.flag().to_string()));
             }
-            v.extend(side.iter().cloned());
             if spec.quiet {
                 v.push("--no-metrics".into());
             }
@@ -513,6 +561,9 @@ impl Nodes {
         let log_level = |spec: &SetSpec| match spec.quiet {
             true => "warn".to_string(),
             false => cfg.log_level.clone(),
+        };
+        let start = |ns: &Netns, name: &str, args: &[String], log_level: &str| {
+            Supervised::ringway(ns, &cfg.ringway, name, args, log_level, &cfg.log_dir)
         };
         let mut sets = Vec::new();
         for (i, spec) in cfg.sets.iter().enumerate() {
@@ -523,39 +574,14 @@ impl Nodes {
                 None => shared.clone(),
             };
             let mut a_args = common("node-a", &config, spec);
-            a_args.extend(strings(&[
-                "--outbound-addr",
+            a_args.extend(listener_args(
                 &format!("127.0.0.1:{}", outbound_port(i)),
-                "--inbound-addr",
-                "127.0.0.1:0",
-                "--inbound-passthrough-addr",
-                "127.0.0.1:0",
-            ]));
-            let ra = Proxy::start(
-                &a,
-                &cfg.ringway,
-                &format!("ringway-a{i}"),
-                &a_args,
-                &cfg.log_dir,
-                &log_level(spec),
-            )?;
+                ANY_PORT,
+            ));
+            let ra = start(&a, &format!("ringway-a{i}"), &a_args, &log_level(spec))?;
             let mut b_args = common(&format!("node-b{i}"), &config, spec);
-            b_args.extend(strings(&[
-                "--inbound-addr",
-                &format!("{}:15008", hbone_ip(i)),
-                "--outbound-addr",
-                "127.0.0.1:0",
-                "--inbound-passthrough-addr",
-                "127.0.0.1:0",
-            ]));
-            let rb = Proxy::start(
-                &b,
-                &cfg.ringway,
-                &format!("ringway-b{i}"),
-                &b_args,
-                &cfg.log_dir,
-                &log_level(spec),
-            )?;
+            b_args.extend(listener_args(ANY_PORT, &format!("{}:15008", hbone_ip(i))));
+            let rb = start(&b, &format!("ringway-b{i}"), &b_args, &log_level(spec))?;
             progress(&format!(
                 "started ringway pair {i} (cores {}, {} policies): node A pid {}, node B pid {}",
                 cores.as_deref().unwrap_or("all"),
@@ -572,36 +598,11 @@ impl Nodes {
         let orig_src_b = if cfg.orig_src {
             // The return path for spoofed sources, as an operator installs
             // it: the repository's script, run in node B.
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/orig-src-rules.sh");
-            let out = std::process::Command::new("bash")
-                .arg(&script)
-                .args(["add", "--netns", &b.name])
-                .output()
-                .with_context(|| format!("running {}", script.display()))?;
-            if !out.status.success() {
-                bail!(
-                    "orig-src-rules.sh failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+            rig::script("orig-src-rules.sh", &["add", "--netns", &b.name])?;
             let mut args = common("node-b-orig-src", &shared, &cfg.sets[0]);
-            args.extend(strings(&[
-                "--inbound-addr",
-                &format!("{ORIG_SRC_IP}:15008"),
-                "--outbound-addr",
-                "127.0.0.1:0",
-                "--inbound-passthrough-addr",
-                "127.0.0.1:0",
-                "--orig-src",
-            ]));
-            let p = Proxy::start(
-                &b,
-                &cfg.ringway,
-                "ringway-b-orig-src",
-                &args,
-                &cfg.log_dir,
-                &cfg.log_level,
-            )?;
+            args.extend(listener_args(ANY_PORT, &format!("{ORIG_SRC_IP}:15008")));
+            args.push("--orig-src".into());
+            let p = start(&b, "ringway-b-orig-src", &args, &cfg.log_level)?;
             progress(&format!(
                 "started ringway B with --orig-src: pid {}",
                 p.pid()
@@ -638,7 +639,14 @@ impl Nodes {
                 "starting peer {:?} in node A: {command}",
                 spec.name
             ));
-            let p = CommandProxy::start(&nodes.a, &spec.name, &command, spec.socks, &cfg.log_dir)
+            // Through `sh -c 'exec …'`, so the child is the proxy itself, in
+            // a process group of its own that is stopped as a whole.
+            let sh = strings(&["-c", &format!("exec {command}")]);
+            let mut peer = Spec::new(&spec.name, "sh", sh, &cfg.log_dir)
+                .ready(Ready::Tcp(spec.socks))
+                .timeout(Duration::from_secs(60));
+            peer.group = true;
+            let p = Supervised::start(Some(&nodes.a), peer)
                 .with_context(|| format!("peer {}", spec.name))?;
             progress(&format!(
                 "peer {} ready on {} (pid {})",
@@ -677,14 +685,8 @@ impl Nodes {
         if let Some(p) = &mut self.orig_src_b {
             p.check_alive()?;
         }
-        if let Some((spec, p)) = &mut self.peer {
-            if let Some(status) = p.child.try_wait()? {
-                bail!(
-                    "peer {} exited ({status}); its log:\n{}",
-                    spec.name,
-                    rig::tail(&p.log, 20)
-                );
-            }
+        if let Some((_, p)) = &mut self.peer {
+            p.check_alive()?;
         }
         if let Some(z) = &mut self.ztunnel {
             z.a.check_alive()?;
@@ -698,31 +700,33 @@ impl Nodes {
     /// [`Nodes::variants`] again.
     pub fn restart_for(&mut self, v: &Variant) -> anyhow::Result<()> {
         match (v.kind, v.set) {
-            (Kind::Passthrough | Kind::SameNode, Some(i)) => self.sets[i].a.restart(&self.a)?,
+            (Kind::Passthrough | Kind::SameNode, Some(i)) => {
+                self.sets[i].a.restart(Some(&self.a))?
+            }
             (Kind::HboneOrigSrc, Some(i)) => {
                 if let Some(b) = &mut self.orig_src_b {
-                    b.restart(&self.b)?;
+                    b.restart(Some(&self.b))?;
                 }
-                self.sets[i].a.restart(&self.a)?;
+                self.sets[i].a.restart(Some(&self.a))?;
             }
             (Kind::Hbone, Some(i)) => {
-                self.sets[i].b.restart(&self.b)?;
-                self.sets[i].a.restart(&self.a)?;
+                self.sets[i].b.restart(Some(&self.b))?;
+                self.sets[i].a.restart(Some(&self.a))?;
             }
             (Kind::Peer, _) => {
                 if let Some((spec, p)) = &mut self.peer {
                     if spec.target == PeerTarget::Hbone {
-                        self.sets[0].b.restart(&self.b)?;
+                        self.sets[0].b.restart(Some(&self.b))?;
                     }
-                    p.restart(&self.a)?;
+                    p.restart(Some(&self.a))?;
                 }
             }
             (Kind::ZtunnelPassthrough | Kind::ZtunnelHbone, _) => {
                 if let Some(z) = &mut self.ztunnel {
                     if v.kind == Kind::ZtunnelHbone {
-                        z.b.restart(&z.zb)?;
+                        z.b.restart(Some(&z.zb))?;
                     }
-                    z.a.restart(&z.za)?;
+                    z.a.restart(Some(&z.za))?;
                 }
             }
             _ => {}
@@ -762,8 +766,8 @@ impl Nodes {
             let policies = self.specs[j].policies.unwrap_or(0);
             write_pair_config(&self.work.0, n, pair, policies, self.extras)?;
             let set = &mut self.sets[pair];
-            set.b.restart(&self.b)?;
-            set.a.restart(&self.a)?;
+            set.b.restart(Some(&self.b))?;
+            set.a.restart(Some(&self.a))?;
             set.spec = self.specs[j].clone();
             progress(&format!(
                 "ringway pair {pair} now carries {policies} policies: node A pid {}, node B pid {}",
@@ -812,18 +816,32 @@ impl Nodes {
             k
         };
         let node_a = self.a.name.clone();
-        let mut v = vec![Variant {
-            key: "direct".into(),
-            label: "direct".into(),
-            kind: Kind::Direct,
+        // A column from node A to `dst`; ringway's columns name their set.
+        let column = |key: String, label: &str, kind, dst: (Ipv4Addr, u16), pids| Variant {
+            key,
+            label: label.to_string(),
+            kind,
             set: None,
             cores: None,
-            dialer: Dialer::direct(SocketAddr::from((PLAIN_IP, DIRECT_PORT))).bind(client),
-            procs: Processes::default(),
+            dialer: Dialer::direct(SocketAddr::from(dst)).bind(client),
+            procs: Processes::new(pids),
             policies: None,
             netns: node_a.clone(),
             compare: None,
-        }];
+        };
+        let of_set = |i: usize, v: Variant| Variant {
+            set: Some(i),
+            cores: self.sets[i].spec.cores.clone(),
+            ..v
+        };
+        let direct = (PLAIN_IP, DIRECT_PORT);
+        let mut v = vec![column(
+            "direct".into(),
+            "direct",
+            Kind::Direct,
+            direct,
+            vec![],
+        )];
         for (j, &i) in self.placement.iter().enumerate() {
             let s = &self.sets[i];
             let first_with_cores = self.specs[..j].iter().all(|o| o.cores != s.spec.cores);
@@ -833,65 +851,42 @@ impl Nodes {
                     policies: None,
                     quiet: s.spec.quiet,
                 };
-                v.push(Variant {
-                    key: format!("passthrough{}", key_suffix(&plain)),
-                    label: format!("ringway passthrough{}", suffix(&plain)),
-                    kind: Kind::Passthrough,
-                    set: Some(i),
-                    cores: s.spec.cores.clone(),
-                    dialer: Dialer::direct(SocketAddr::from((PLAIN_IP, captured_port(i))))
-                        .bind(client),
-                    procs: Processes::new(vec![s.a.pid()]),
-                    policies: None,
-                    netns: node_a.clone(),
-                    compare: None,
-                });
+                let key = format!("passthrough{}", key_suffix(&plain));
+                let label = format!("ringway passthrough{}", suffix(&plain));
+                let dst = (PLAIN_IP, captured_port(i));
+                let pids = vec![s.a.pid()];
+                v.push(of_set(i, column(key, &label, Kind::Passthrough, dst, pids)));
             }
+            let key = format!("hbone{}", key_suffix(&s.spec));
+            let label = format!("ringway hbone{}", suffix(&s.spec));
+            let dst = (hbone_ip(i), captured_port(i));
+            let pids = vec![s.a.pid(), s.b.pid()];
             v.push(Variant {
-                key: format!("hbone{}", key_suffix(&s.spec)),
-                label: format!("ringway hbone{}", suffix(&s.spec)),
-                kind: Kind::Hbone,
-                set: Some(i),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((hbone_ip(i), captured_port(i))))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid(), s.b.pid()]),
                 policies: s.spec.policies,
-                netns: node_a.clone(),
-                compare: None,
+                ..of_set(i, column(key, &label, Kind::Hbone, dst, pids))
             });
         }
         if let Some(b) = &self.orig_src_b {
-            let s = &self.sets[0];
-            v.push(Variant {
-                key: "hbone-orig-src".into(),
-                label: "ringway hbone orig-src".into(),
-                kind: Kind::HboneOrigSrc,
-                set: Some(0),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((ORIG_SRC_IP, captured_port(0))))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid(), b.pid()]),
-                policies: None,
-                netns: node_a.clone(),
-                compare: None,
-            });
+            let dst = (ORIG_SRC_IP, captured_port(0));
+            let pids = vec![self.sets[0].a.pid(), b.pid()];
+            let label = "ringway hbone orig-src";
+            let c = column(
+                "hbone-orig-src".into(),
+                label,
+                Kind::HboneOrigSrc,
+                dst,
+                pids,
+            );
+            v.push(of_set(0, c));
         }
         if self.extras.same_node {
-            let s = &self.sets[0];
-            v.push(Variant {
-                key: "same-node".into(),
-                label: "ringway same-node".into(),
-                kind: Kind::SameNode,
-                set: Some(0),
-                cores: s.spec.cores.clone(),
-                dialer: Dialer::direct(SocketAddr::from((SAME_NODE_IP, SAME_NODE_PORT)))
-                    .bind(client),
-                procs: Processes::new(vec![s.a.pid()]),
-                policies: None,
-                netns: node_a.clone(),
-                compare: None,
-            });
+            let dst = (SAME_NODE_IP, SAME_NODE_PORT);
+            let pids = vec![self.sets[0].a.pid()];
+            let label = "ringway same-node";
+            v.push(of_set(
+                0,
+                column("same-node".into(), label, Kind::SameNode, dst, pids),
+            ));
         }
         if let Some((spec, p)) = &self.peer {
             let (target, mut pids) = match spec.target {
@@ -903,19 +898,12 @@ impl Nodes {
             };
             pids.dedup();
             v.push(Variant {
-                key: "peer".into(),
-                label: spec.name.clone(),
-                kind: Kind::Peer,
-                set: None,
-                cores: None,
                 dialer: Dialer::via_socks5(target, spec.socks).bind(client),
-                procs: Processes::new(pids),
-                policies: None,
-                netns: node_a.clone(),
                 compare: Some(match spec.target {
                     PeerTarget::Plain => Kind::Passthrough,
                     PeerTarget::Hbone => Kind::Hbone,
                 }),
+                ..column("peer".into(), &spec.name, Kind::Peer, direct, pids)
             });
         }
         if let Some(z) = &self.ztunnel {
@@ -934,20 +922,15 @@ impl Nodes {
                     vec![z.a.pid(), z.b.pid()],
                 ),
             ] {
+                let label = format!("ztunnel {key}");
+                let dst = (dst, captured_port(0));
                 v.push(Variant {
-                    key: format!("ztunnel-{key}"),
-                    label: format!("ztunnel {key}"),
-                    kind,
-                    set: None,
-                    cores: None,
-                    dialer: Dialer::direct(SocketAddr::from((dst, captured_port(0)))).bind(client),
-                    procs: Processes::new(pids),
-                    policies: None,
                     netns: z.za.name.clone(),
                     compare: Some(match kind {
                         Kind::ZtunnelPassthrough => Kind::Passthrough,
                         _ => Kind::Hbone,
                     }),
+                    ..column(format!("ztunnel-{key}"), &label, kind, dst, pids)
                 });
             }
         }

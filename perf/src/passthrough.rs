@@ -5,15 +5,17 @@
 //! ratios against direct TCP measured in the same run.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use serde::Serialize;
 
 use crate::dial::Dialer;
 use crate::procstat::{self, Processes};
-use crate::rig::{Netns, Proxy};
+use crate::report::fmt_num;
+use crate::rig::Netns;
 use crate::stats::{median, ratio};
+use crate::supervise::Supervised;
 use crate::throughput::{self, Direction};
 
 #[derive(clap::Args, Debug)]
@@ -81,37 +83,24 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
             &args.cores,
             "--copy-mode",
             mode,
-            "--outbound-addr",
-            &format!("127.0.0.1:{outbound}"),
-            "--inbound-passthrough-addr",
-            "127.0.0.1:0",
-            "--inbound-addr",
-            "127.0.0.1:0",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        v.extend(crate::rig::listener_args(
+            &format!("127.0.0.1:{outbound}"),
+            crate::rig::ANY_PORT,
+        ));
         v.extend(side.iter().cloned());
         v
     };
-    let splice = Proxy::start(
-        &rig,
-        &bin,
-        "ringway-splice",
-        &proxy_args("splice", 15001),
-        &args.out,
-        "warn",
-    )?;
-    let copy = Proxy::start(
-        &rig,
-        &bin,
-        "ringway-copy",
-        &proxy_args("copy", 15011),
-        &args.out,
-        "warn",
-    )?;
+    let start = |name: &str, mode: &str, port: u16| {
+        Supervised::ringway(&rig, &bin, name, &proxy_args(mode, port), "warn", &args.out)
+    };
+    let splice = start("ringway-splice", "splice", 15001)?;
+    let copy = start("ringway-copy", "copy", 15011)?;
 
-    let variants: [(&'static str, u16, Option<&Proxy>); 3] = [
+    let variants: [(&'static str, u16, Option<&Supervised>); 3] = [
         ("direct", DIRECT_PORT, None),
         ("ringway splice", SPLICE_PORT, Some(&splice)),
         ("ringway copy", COPY_PORT, Some(&copy)),
@@ -185,13 +174,14 @@ pub fn run(args: PassthroughArgs) -> anyhow::Result<()> {
     );
     let md = markdown(&args, &results, cpu_ratio);
     println!("{md}");
-    write_results(&args.out, "passthrough", &results, &md)?;
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(args.out.join("passthrough.json"), json)?;
+    std::fs::write(args.out.join("passthrough.md"), &md)?;
+    eprintln!(
+        "results written to {}/passthrough.{{json,md}}",
+        args.out.display()
+    );
     Ok(())
-}
-
-fn fmt(v: Option<f64>, digits: usize) -> String {
-    v.map(|x| format!("{x:.digits$}"))
-        .unwrap_or_else(|| "–".into())
 }
 
 fn markdown(args: &PassthroughArgs, results: &[VariantResult], cpu_ratio: Option<f64>) -> String {
@@ -208,30 +198,15 @@ fn markdown(args: &PassthroughArgs, results: &[VariantResult], cpu_ratio: Option
         s += &format!(
             "| {} | {} | {} | {} | {} |\n",
             r.name,
-            fmt(r.median_gbit_per_s, 2),
-            fmt(r.ratio_vs_direct, 2),
-            fmt(r.median_proxy_cpu_s_per_gib, 3),
-            fmt(r.proxy_rss_mib, 1)
+            fmt_num(r.median_gbit_per_s, 2),
+            fmt_num(r.ratio_vs_direct, 2),
+            fmt_num(r.median_proxy_cpu_s_per_gib, 3),
+            fmt_num(r.proxy_rss_mib, 1)
         );
     }
     s += &format!(
         "\nsplice CPU per GiB ÷ copy CPU per GiB: {}\n",
-        fmt(cpu_ratio, 2)
+        fmt_num(cpu_ratio, 2)
     );
     s
-}
-
-fn write_results<T: Serialize>(
-    dir: &Path,
-    name: &str,
-    results: &T,
-    md: &str,
-) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join(format!("{name}.json")),
-        serde_json::to_string_pretty(results)?,
-    )?;
-    std::fs::write(dir.join(format!("{name}.md")), md)?;
-    eprintln!("results written to {}/{name}.{{json,md}}", dir.display());
-    Ok(())
 }

@@ -30,15 +30,34 @@ fn stat_fields(pid: u32) -> io::Result<Vec<String>> {
     Ok(rest.split_whitespace().map(str::to_string).collect())
 }
 
+/// The numeric fields of /proc/<pid>/status (a thread's too: `pid` may
+/// be a task id), `kB` ones in bytes.
+fn status(pid: u32) -> io::Result<std::collections::BTreeMap<String, u64>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let mut out = std::collections::BTreeMap::new();
+    for (key, value) in text.lines().filter_map(|l| l.split_once(':')) {
+        let (v, unit) = match value.trim().strip_suffix("kB") {
+            Some(kb) => (kb.trim(), 1024),
+            None => (value.trim(), 1),
+        };
+        if let Ok(n) = v.parse::<u64>() {
+            out.insert(key.to_string(), n * unit);
+        }
+    }
+    Ok(out)
+}
+
+/// Field `key` of [`status`].
+fn status_field(pid: u32, key: &str) -> io::Result<u64> {
+    status(pid)?
+        .get(key)
+        .copied()
+        .ok_or_else(|| io::Error::other(format!("no {key} in /proc/{pid}/status")))
+}
+
 /// VmRSS of `pid` in bytes.
 pub fn rss_bytes(pid: u32) -> io::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .ok_or_else(|| io::Error::other("no VmRSS in /proc/pid/status"))
+    status_field(pid, "VmRSS")
 }
 
 /// `roots` and every live descendant.
@@ -91,17 +110,9 @@ pub fn threads(pids: &[u32]) -> Vec<u32> {
 /// Context switches of one thread so far: (voluntary, involuntary), from
 /// /proc/<tid>/status (a process's own status only counts its main thread).
 pub fn ctx_switches(tid: u32) -> io::Result<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or_else(|| io::Error::other(format!("no {name} in /proc/{tid}/status")))
-    };
     Ok((
-        field("voluntary_ctxt_switches:")?,
-        field("nonvoluntary_ctxt_switches:")?,
+        status_field(tid, "voluntary_ctxt_switches")?,
+        status_field(tid, "nonvoluntary_ctxt_switches")?,
     ))
 }
 
@@ -121,21 +132,30 @@ impl Processes {
         self.roots.is_empty()
     }
 
-    /// Total CPU seconds so far (None without processes).
-    pub fn cpu_seconds(&self) -> io::Result<Option<f64>> {
+    /// `of` summed over the processes and their descendants now (None
+    /// without processes). A descendant that exited in between counts
+    /// nothing (its CPU time is gone); a root that did is an error.
+    fn sum<T: std::ops::AddAssign + Default>(
+        &self,
+        of: impl Fn(u32) -> io::Result<T>,
+    ) -> io::Result<Option<T>> {
         if self.is_empty() {
             return Ok(None);
         }
-        let mut total = 0.0;
+        let mut total = T::default();
         for pid in with_descendants(&self.roots) {
-            match cpu_seconds(pid) {
-                Ok(s) => total += s,
-                // A descendant that exited in between: its time is gone.
+            match of(pid) {
+                Ok(x) => total += x,
                 Err(_) if !self.roots.contains(&pid) => {}
                 Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
             }
         }
         Ok(Some(total))
+    }
+
+    /// Total CPU seconds so far (None without processes).
+    pub fn cpu_seconds(&self) -> io::Result<Option<f64>> {
+        self.sum(cpu_seconds)
     }
 
     /// Every thread of the processes and their descendants, now.
@@ -145,18 +165,7 @@ impl Processes {
 
     /// Total resident memory (None without processes).
     pub fn rss_bytes(&self) -> io::Result<Option<u64>> {
-        if self.is_empty() {
-            return Ok(None);
-        }
-        let mut total = 0;
-        for pid in with_descendants(&self.roots) {
-            match rss_bytes(pid) {
-                Ok(b) => total += b,
-                Err(_) if !self.roots.contains(&pid) => {}
-                Err(e) => return Err(io::Error::new(e.kind(), format!("pid {pid}: {e}"))),
-            }
-        }
-        Ok(Some(total))
+        self.sum(rss_bytes)
     }
 }
 
@@ -184,23 +193,8 @@ impl<'a> CpuMeter<'a> {
 
 /// The `kB` fields of /proc/PID/status we report, in bytes.
 pub fn memory_status(pid: u32) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let mut out = std::collections::BTreeMap::new();
-    for line in text.lines() {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        if !["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData"].contains(&key) {
-            continue;
-        }
-        if let Some(kb) = value
-            .trim()
-            .strip_suffix("kB")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            out.insert(key.to_string(), kb * 1024);
-        }
-    }
+    let mut out = status(pid)?;
+    out.retain(|k, _| ["VmRSS", "VmHWM", "RssAnon", "RssFile", "VmData"].contains(&k.as_str()));
     if !out.contains_key("VmRSS") {
         anyhow::bail!("no VmRSS for pid {pid}");
     }
@@ -221,6 +215,9 @@ mod tests {
         assert!(x != 1);
         assert!(cpu_seconds(pid).unwrap() > 0.0);
         assert!(rss_bytes(pid).unwrap() > 100 * 1024);
+        let m = memory_status(pid).unwrap();
+        assert!(m["VmHWM"] >= m["VmRSS"] && m["VmRSS"] > 100 * 1024, "{m:?}");
+        assert!(!m.contains_key("Threads"), "only the memory fields");
     }
 
     #[test]

@@ -123,6 +123,37 @@ pub fn fmt_num(v: Option<f64>, digits: usize) -> String {
     }
 }
 
+/// A value and, when there is one, its ratio: "4000 (0.44×)".
+pub fn with_ratio(
+    v: Option<f64>,
+    digits: usize,
+    ratio: Option<f64>,
+    ratio_digits: usize,
+) -> String {
+    let mut cell = fmt_num(v, digits);
+    if let Some(r) = ratio {
+        cell += &format!(" ({r:.ratio_digits$}×)");
+    }
+    cell
+}
+
+/// The first two cells of each row of a results table: the scenario
+/// (blank under a row of the same scenario) and the metric with its arrow
+/// (↑ higher is better, ↓ lower is).
+#[derive(Default)]
+pub struct RowHeads<'a> {
+    last: &'a str,
+}
+
+impl<'a> RowHeads<'a> {
+    pub fn next(&mut self, scenario: &'a str, metric: &str, higher_is_better: bool) -> String {
+        let shown = if scenario == self.last { "" } else { scenario };
+        self.last = scenario;
+        let arrow = if higher_is_better { "↑" } else { "↓" };
+        format!("| {shown} | {metric} {arrow} |")
+    }
+}
+
 /// One table: a row per metric, a column per variant ("value (ratio×)").
 pub fn markdown_table(metrics: &[MetricSummary], labels: &[String]) -> String {
     let mut s = String::from("| scenario | metric |");
@@ -132,22 +163,12 @@ pub fn markdown_table(metrics: &[MetricSummary], labels: &[String]) -> String {
     s += "\n|---|---|";
     s += &"---:|".repeat(labels.len());
     s += "\n";
-    let mut last_scenario = "";
+    let mut heads = RowHeads::default();
     for m in metrics {
-        let scenario = if m.def.scenario == last_scenario {
-            ""
-        } else {
-            &m.def.scenario
-        };
-        last_scenario = &m.def.scenario;
-        let arrow = if m.def.higher_is_better { "↑" } else { "↓" };
-        s += &format!("| {scenario} | {} {arrow} |", m.def.name);
+        s += &heads.next(&m.def.scenario, &m.def.name, m.def.higher_is_better);
         for v in &m.values {
-            let mut cell = fmt_num(v.median, m.def.digits);
-            if let Some(r) = v.ratio_vs_direct.filter(|_| v.variant != "direct") {
-                cell += &format!(" ({r:.2}×)");
-            }
-            s += &format!(" {cell} |");
+            let r = v.ratio_vs_direct.filter(|_| v.variant != "direct");
+            s += &format!(" {} |", with_ratio(v.median, m.def.digits, r, 2));
         }
         s += "\n";
     }

@@ -34,12 +34,47 @@ impl Limit {
         }
     }
 
+    /// A worker's budget of it from now on: `share` is its part of a
+    /// count limit (see [`Limit::share`]).
+    pub fn budget(self, share: Option<u64>) -> Budget {
+        let deadline = match self {
+            Limit::Duration(d) => Some(Instant::now() + d),
+            Limit::Count(_) => None,
+        };
+        Budget {
+            deadline,
+            left: share,
+        }
+    }
+
     /// Label for progress lines: "10s" or "5000 req".
     pub fn describe(self, unit: &str) -> String {
         match self {
             Limit::Duration(d) => crate::units::fmt_duration(d),
             Limit::Count(c) => format!("{c} {unit}"),
         }
+    }
+}
+
+/// What a worker may still do, until a deadline or so many more: the
+/// start of each next request (or connection).
+pub struct Budget {
+    deadline: Option<Instant>,
+    left: Option<u64>,
+}
+
+impl Iterator for Budget {
+    type Item = Instant;
+
+    fn next(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        if self.left == Some(0) || self.deadline.is_some_and(|d| now >= d) {
+            return None;
+        }
+        if let Some(n) = &mut self.left {
+            *n -= 1;
+        }
+        Some(now)
     }
 }
 
@@ -199,22 +234,9 @@ fn connection(
     let (mut s, req, mut resp) = setup?;
     let mut hist = latency::new_hist();
     let start = Instant::now();
-    let deadline = match p.limit {
-        Limit::Duration(d) => Some(start + d),
-        Limit::Count(_) => None,
-    };
-    let mut done = 0u64;
-    loop {
-        if share.is_some_and(|n| done >= n) {
-            break;
-        }
-        let t0 = Instant::now();
-        if deadline.is_some_and(|d| t0 >= d) {
-            break;
-        }
+    for t0 in p.limit.budget(share) {
         exchange(&mut s, &req, &mut resp)?;
         latency::record(&mut hist, t0.elapsed());
-        done += 1;
     }
     Ok((hist, Window::new(start, Instant::now())))
 }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::dial::Dialer;
 use crate::procstat::Processes;
-use crate::report::MetricDef;
+use crate::report::{fmt_num, MetricDef};
 use crate::units::fmt_size;
 use crate::{connect, idle, kernel, rr, throughput};
 
@@ -195,10 +195,10 @@ impl Scenario {
                 );
                 let s = format!(
                     "{} KiB/conn  RSS {} → {} MiB (closed: {} MiB)",
-                    opt(r.proxy_bytes_per_connection.map(|b| b / 1024.0), 1),
-                    opt(r.proxy_rss_before.map(mib), 1),
-                    opt(r.proxy_rss_open.map(mib), 1),
-                    opt(r.proxy_rss_closed.map(mib), 1),
+                    fmt_num(r.proxy_bytes_per_connection.map(|b| b / 1024.0), 1),
+                    fmt_num(r.proxy_rss_before.map(mib), 1),
+                    fmt_num(r.proxy_rss_open.map(mib), 1),
+                    fmt_num(r.proxy_rss_closed.map(mib), 1),
                 );
                 (serde_json::to_value(&r)?, s, None)
             }
@@ -258,8 +258,8 @@ impl Scenario {
                 let s = format!(
                     "{:8.0} req/s  per 1k requests: {} syscalls, {} io_uring, {:.0} context switches{}",
                     r.rr.requests_per_s,
-                    opt(k.syscalls, 0),
-                    opt(k.io_uring_submissions, 0),
+                    fmt_num(k.syscalls, 0),
+                    fmt_num(k.io_uring_submissions, 0),
                     k.ctx_switches,
                     cpu_note(r.rr.proxy_cpu_s_per_1k_requests, "s/1k req")
                 );
@@ -281,10 +281,6 @@ impl Scenario {
 
 fn mib(b: u64) -> f64 {
     b as f64 / (1 << 20) as f64
-}
-
-fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("–".into(), |x| format!("{x:.digits$}"))
 }
 
 fn cpu_note(v: Option<f64>, unit: &str) -> String {

@@ -321,6 +321,26 @@ enum State {
     },
 }
 
+/// The bytes a nonblocking read or write of [`Conn::advance`] moved; on
+/// would-block it returns the wait for `interest`, on an interrupted call
+/// it goes round the loop again. A read of 0 bytes (EOF) closes.
+macro_rules! moved {
+    (read $e:expr) => {
+        match moved!($e, Interest::Read) {
+            0 => return Ok(Step::Close),
+            n => n,
+        }
+    };
+    ($e:expr, $interest:expr) => {
+        match $e {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Wait($interest)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    };
+}
+
 impl Conn {
     /// Does what the socket allows right now (nonblocking).
     fn advance(&mut self, scratch: &mut [u8]) -> io::Result<Step> {
@@ -330,16 +350,7 @@ impl Conn {
                 State::Header { buf, got } => {
                     // Read no further than the header: what follows belongs
                     // to the op.
-                    let n = match stream.read(&mut buf[*got..]) {
-                        Ok(0) => return Ok(Step::Close),
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Step::Wait(Interest::Read))
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    };
-                    *got += n;
+                    *got += moved!(read stream.read(&mut buf[*got..]));
                     if *got == HEADER_LEN {
                         *state = match Op::decode(buf)? {
                             Op::Bulk { download } => return Ok(Step::Bulk(download)),
@@ -364,52 +375,22 @@ impl Conn {
                 } => {
                     if *owed > 0 {
                         let k = (*owed).min(FILL.len() as u64) as usize;
-                        match stream.write(&FILL[..k]) {
-                            Ok(n) => *owed -= n as u64,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                return Ok(Step::Wait(Interest::Write))
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(e),
-                        }
+                        *owed -= moved!(stream.write(&FILL[..k]), Interest::Write) as u64;
                         continue;
                     }
-                    let n = match stream.read(scratch) {
-                        Ok(0) => return Ok(Step::Close),
-                        Ok(n) => n as u64,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Step::Wait(Interest::Read))
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    };
-                    let total = *got + n;
+                    let total = *got + moved!(read stream.read(scratch)) as u64;
                     *owed += total / *request * *response;
                     *got = total % *request;
                 }
                 State::Echo { pending, sent } => {
                     if *sent < pending.len() {
-                        match stream.write(&pending[*sent..]) {
-                            Ok(n) => *sent += n,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                return Ok(Step::Wait(Interest::Write))
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(e),
-                        }
+                        *sent += moved!(stream.write(&pending[*sent..]), Interest::Write);
                         continue;
                     }
                     pending.clear();
                     *sent = 0;
-                    match stream.read(scratch) {
-                        Ok(0) => return Ok(Step::Close),
-                        Ok(n) => pending.extend_from_slice(&scratch[..n]),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            return Ok(Step::Wait(Interest::Read))
-                        }
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
+                    let n = moved!(read stream.read(scratch));
+                    pending.extend_from_slice(&scratch[..n]);
                 }
             }
         }

@@ -21,9 +21,10 @@ use crate::calibrate::{self, Calibration};
 use crate::charts::{self, Bar, Series};
 use crate::machine::{self, Machine};
 use crate::nodes::{
-    self, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, SetSpec, Variant,
+    self, split_pinning, Kind as VariantKind, Nodes, NodesConfig, PeerSpec, PeerTarget, Pinning,
+    SetSpec, Variant,
 };
-use crate::report::{fmt_num, markdown_table, Collector, MetricSummary};
+use crate::report::{fmt_num, markdown_table, with_ratio, Collector, MetricSummary, RowHeads};
 use crate::rr::Limit;
 use crate::scenario::{Kind, Scenario, SYSCALL_ROW};
 use crate::throughput::Direction;
@@ -151,43 +152,6 @@ pub struct SuiteArgs {
     /// RUST_LOG for the ringways.
     #[arg(long, default_value = "warn")]
     pub proxy_log_level: String,
-}
-
-/// Pinning a `--cores` value asks for with a suffix (`2:pinned`,
-/// `2:unpinned`), so a sweep compares both side by side. Without one,
-/// ringway's default applies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pinning {
-    Pinned,
-    Unpinned,
-}
-
-impl Pinning {
-    const ALL: [Pinning; 2] = [Pinning::Pinned, Pinning::Unpinned];
-
-    pub fn suffix(self) -> &'static str {
-        match self {
-            Pinning::Pinned => ":pinned",
-            Pinning::Unpinned => ":unpinned",
-        }
-    }
-
-    /// ringway's flag for it.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Pinning::Pinned => "--pin",
-            Pinning::Unpinned => "--no-pin",
-        }
-    }
-}
-
-/// Splits a `--cores` value into ringway's `--cores` and the pinning it
-/// asks for, if any.
-pub fn split_pinning(v: &str) -> (&str, Option<Pinning>) {
-    Pinning::ALL
-        .into_iter()
-        .find_map(|p| v.strip_suffix(p.suffix()).map(|c| (c, Some(p))))
-        .unwrap_or((v, None))
 }
 
 /// A `--cores` value: ringway's syntax, but "1,2" is refused as ambiguous
@@ -691,45 +655,31 @@ fn measure(
                         settings.rounds,
                         v.label
                     );
-                    match r {
+                    let note =
+                        |what: &str| format!("round {}, {label}, {}: {what}", round + 1, v.label);
+                    let (result, error) = match r {
                         Ok(m) => {
                             progress.line(&format!("{head} {}", m.summary));
                             for (def, value) in &m.metrics {
                                 collector.add(def, vi, *value);
                             }
-                            if let Some(w) = m.warning {
-                                notes.push(format!(
-                                    "round {}, {label}, {}: {w}",
-                                    round + 1,
-                                    v.label
-                                ));
-                            }
-                            runs.push(RunRecord {
-                                round: round + 1,
-                                scenario: label.clone(),
-                                variant: v.key.clone(),
-                                seconds,
-                                result: Some(m.raw),
-                                error: None,
-                            });
+                            notes.extend(m.warning.map(|w| note(&w)));
+                            (Some(m.raw), None)
                         }
                         Err(e) => {
                             progress.line(&format!("{head} FAILED: {e}"));
-                            notes.push(format!(
-                                "round {}, {label}, {}: FAILED: {e}",
-                                round + 1,
-                                v.label
-                            ));
-                            runs.push(RunRecord {
-                                round: round + 1,
-                                scenario: label.clone(),
-                                variant: v.key.clone(),
-                                seconds,
-                                result: None,
-                                error: Some(e.to_string()),
-                            });
+                            notes.push(note(&format!("FAILED: {e}")));
+                            (None, Some(e.to_string()))
                         }
-                    }
+                    };
+                    runs.push(RunRecord {
+                        round: round + 1,
+                        scenario: label.clone(),
+                        variant: v.key.clone(),
+                        seconds,
+                        result,
+                        error,
+                    });
                     nodes.check_alive()?;
                 }
             }
@@ -986,18 +936,14 @@ fn peers_markdown(rows: &[PeerRatio], metrics: &[MetricSummary], variants: &[Var
     s += "\n|---|---|---:|";
     s += &"---:|---:|---:|".repeat(pairs.len());
     s += "\n";
-    let mut last_scenario = "";
+    let mut heads = RowHeads::default();
     for m in metrics {
         let cell = |key: &str| {
             let v = m.values.iter().find(|v| v.variant == key);
-            let mut c = fmt_num(v.and_then(|v| v.median), m.def.digits);
-            if let Some(r) = v
+            let r = v
                 .and_then(|v| v.ratio_vs_direct)
-                .filter(|_| key != "direct")
-            {
-                c += &format!(" ({r:.2}×)");
-            }
-            c
+                .filter(|_| key != "direct");
+            with_ratio(v.and_then(|v| v.median), m.def.digits, r, 2)
         };
         let mut line = String::new();
         let mut any = false;
@@ -1017,17 +963,8 @@ fn peers_markdown(rows: &[PeerRatio], metrics: &[MetricSummary], variants: &[Var
         if !any {
             continue;
         }
-        let scenario = match m.def.scenario == last_scenario {
-            true => "",
-            false => &m.def.scenario,
-        };
-        last_scenario = &m.def.scenario;
-        let arrow = if m.def.higher_is_better { "↑" } else { "↓" };
-        s += &format!(
-            "| {scenario} | {} {arrow} | {} |{line}\n",
-            m.def.name,
-            cell("direct")
-        );
+        let head = heads.next(&m.def.scenario, &m.def.name, m.def.higher_is_better);
+        s += &format!("{head} {} |{line}\n", cell("direct"));
     }
     s
 }
@@ -1118,21 +1055,12 @@ fn policy_markdown(rows: &[PolicyRow]) -> String {
         s += "\n|---|---|";
         s += &"---:|".repeat(group[0].points.len());
         s += "\n";
-        let mut last_scenario = "";
+        let mut heads = RowHeads::default();
         for row in group {
-            let scenario = match row.scenario == last_scenario {
-                true => "",
-                false => &row.scenario,
-            };
-            last_scenario = &row.scenario;
-            let arrow = if row.higher_is_better { "↑" } else { "↓" };
-            s += &format!("| {scenario} | {} {arrow} |", row.metric);
+            s += &heads.next(&row.scenario, &row.metric, row.higher_is_better);
             for (i, p) in row.points.iter().enumerate() {
-                let mut cell = fmt_num(p.median, row.digits);
-                if let Some(x) = p.vs_first.filter(|_| i > 0) {
-                    cell += &format!(" ({x:.3}×)");
-                }
-                s += &format!(" {cell} |");
+                let x = p.vs_first.filter(|_| i > 0);
+                s += &format!(" {} |", with_ratio(p.median, row.digits, x, 3));
             }
             s += "\n";
         }
@@ -1395,10 +1323,7 @@ fn describe_scenario(s: &Scenario) -> String {
             p.connections,
             p.size,
             p.size,
-            match p.limit {
-                Limit::Duration(d) => fmt_duration(d),
-                Limit::Count(c) => format!("{c} requests"),
-            }
+            p.limit.describe("requests")
         ),
         Scenario::Connect(p) => format!(
             "{} worker(s), each: connect, 1-byte request, 1-byte response, close; latency from connect() to the response byte",
@@ -1409,10 +1334,7 @@ fn describe_scenario(s: &Scenario) -> String {
              (perf, by type), io_uring submissions and context switches (/proc) are counted; per 1000 requests",
             p.connections,
             p.size,
-            match p.limit {
-                Limit::Duration(d) => fmt_duration(d),
-                Limit::Count(c) => format!("{c} requests"),
-            }
+            p.limit.describe("requests")
         ),
         Scenario::Idle(p) => format!(
             "on freshly restarted proxies (one connection primes the path first): {} connections opened \

@@ -1,5 +1,5 @@
 //! Command-line units: byte sizes ("64K", "1G") and durations ("500ms",
-//! "10s", "2m").
+//! "10s", "2m", read by `humantime`), and how results print them.
 
 use std::time::Duration;
 
@@ -18,24 +18,15 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {s:?} (examples: 4096, 64K, 512M, 2G)"))
 }
 
-/// "250ms", "10s", "1.5s", "2m", or a plain number of seconds.
+/// A duration as `humantime` reads it ("250ms", "10s", "1.5s", "2m",
+/// "1m 30s"), or a plain number of seconds ("1.5").
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
-    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (t, 1.0)
-    };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(Duration::from_secs_f64(v * scale)),
-        _ => Err(format!(
-            "invalid duration {s:?} (examples: 500ms, 10s, 1.5s, 2m)"
-        )),
+    match t.parse::<f64>() {
+        Ok(secs) => Duration::try_from_secs_f64(secs).map_err(|e| e.to_string()),
+        Err(_) => humantime::parse_duration(t).map_err(|e| e.to_string()),
     }
+    .map_err(|e| format!("invalid duration {s:?}: {e} (examples: 500ms, 10s, 1.5s, 2m)"))
 }
 
 /// A byte count for humans: "1 GiB", "128 MiB", "64 KiB", "17 B".
@@ -93,6 +84,13 @@ mod tests {
         assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(
+            parse_duration(" 300ms").unwrap(),
+            Duration::from_millis(300)
+        );
+        assert!(parse_duration("100000000000000000000s").is_err());
+        assert!(parse_duration("1e30").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("soon").is_err());
         assert_eq!(fmt_duration(Duration::from_millis(250)), "250ms");

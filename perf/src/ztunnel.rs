@@ -13,14 +13,12 @@
 //! instance. It marks its own upstream sockets with [`MARK`]
 //! (`PACKET_MARK`), so a capture rule can skip them as it skips ringway's.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use crate::rig::{self, Netns};
+use crate::supervise::{Ready, Spec};
 
 /// Every port ztunnel binds: admin 15000 (localhost), outbound 15001,
 /// inbound plaintext 15006, HBONE 15008, stats 15020, readiness 15021,
@@ -112,132 +110,14 @@ pub fn env(config: &Path, workload: &str, log_level: &str) -> Vec<(&'static str,
 const CONFIG_LOADED: &str = "local config initialized";
 const READY: &str = "marking server ready";
 
-/// A ztunnel process in a namespace, its stdout and stderr in a log file;
-/// killed on drop.
-pub struct Ztunnel {
-    pub name: String,
-    pub child: Child,
-    pub log: PathBuf,
-    bin: PathBuf,
-    env: Vec<(&'static str, String)>,
-}
-
-impl Ztunnel {
-    /// Starts `bin proxy` in `ns` with `env` and waits until it has applied
-    /// its config and bound its listeners.
-    pub fn start(
-        ns: &Netns,
-        bin: &Path,
-        name: &str,
-        env: Vec<(&'static str, String)>,
-        log_dir: &Path,
-    ) -> anyhow::Result<Ztunnel> {
-        let log = log_dir.join(format!("{name}.log"));
-        let child = launch(ns, bin, name, &env, &log, false, STARTUP_TIMEOUT)?;
-        Ok(Ztunnel {
-            name: name.to_string(),
-            child,
-            log,
-            bin: bin.to_path_buf(),
-            env,
-        })
-    }
-
-    /// A fresh process with the same settings (the log is appended to).
-    pub fn restart(&mut self, ns: &Netns) -> anyhow::Result<()> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.child = launch(
-            ns,
-            &self.bin,
-            &self.name,
-            &self.env,
-            &self.log,
-            true,
-            STARTUP_TIMEOUT,
-        )?;
-        Ok(())
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Fails, with its log's tail, if the process has exited.
-    pub fn check_alive(&mut self) -> anyhow::Result<()> {
-        rig::check_alive(&mut self.child, &self.name, &self.log)
-    }
-}
-
-impl Drop for Ztunnel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// How long a rig's ztunnel gets to apply its config and say it is ready.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Starts ztunnel (`proxy`) in `ns` with `env`, its output to `log`
-/// (appended to with `append`), and returns once it has applied its
-/// config and marked itself ready, within `timeout`; fails with its log's
-/// tail if it exits first.
-pub fn launch(
-    ns: &Netns,
-    bin: &Path,
-    name: &str,
-    env: &[(&'static str, String)],
-    log: &Path,
-    append: bool,
-    timeout: Duration,
-) -> anyhow::Result<Child> {
-    let file = rig::open_log(log, append)?;
-    // Only what this start writes counts (a restart appends).
-    let offset = file.metadata()?.len();
-    let mut child = ns.spawn(
-        Command::new(bin)
-            .arg("proxy")
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file),
-    )?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = read_from(log, offset);
-        if text.contains(CONFIG_LOADED) && text.contains(READY) {
-            return Ok(child);
-        }
-        if let Some(status) = child.try_wait()? {
-            bail!(
-                "{name} exited during startup ({status}); its log ({}):\n{}",
-                log.display(),
-                rig::tail(log, 20)
-            );
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!(
-                "{name} did not apply its config within {timeout:?}; see {}",
-                log.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// A file's text from byte `offset` on.
-fn read_from(path: &Path, offset: u64) -> String {
-    use std::io::Seek;
-    let mut text = String::new();
-    if let Ok(mut f) = std::fs::File::open(path) {
-        if f.seek(std::io::SeekFrom::Start(offset)).is_ok() {
-            let _ = f.read_to_string(&mut text);
-        }
-    }
-    text
+/// A standalone ztunnel (`bin proxy`) with `env`, its output in
+/// `log_dir/<name>.log`, ready once it has applied its config and bound
+/// its listeners (within 30 s unless [`Spec::timeout`] says otherwise).
+pub fn spec(bin: &Path, name: &str, env: Vec<(&'static str, String)>, log_dir: &Path) -> Spec {
+    let mut s = Spec::new(name, bin, vec!["proxy".into()], log_dir)
+        .ready(Ready::Output(vec![CONFIG_LOADED, READY]));
+    s.env = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    s
 }
 
 #[cfg(test)]

@@ -64,12 +64,7 @@ fn suite_with_ztunnel_as_the_peer() {
     );
     assert_eq!(json["failed_runs"], 0, "{:#}", json["notes"]);
     let metric = |id: &str| -> Vec<(String, Option<f64>)> {
-        json["metrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["id"] == id)
-            .unwrap_or_else(|| panic!("no metric {id}"))["values"]
+        common::metric(&json, id)["values"]
             .as_array()
             .unwrap()
             .iter()

@@ -24,7 +24,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,9 +34,10 @@ use ringway_controlplane::model::{
     PortMapping, Service, TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 use ringway_controlplane::sources::xds::convert::{address_resource, AddressResource};
-use ringway_perf::http::http_get;
+use ringway_perf::http::{get_json, get_ok};
 use ringway_perf::procstat::{cpu_seconds, memory_status};
 use ringway_perf::rig;
+use ringway_perf::supervise::{bound_addr, tail, Spec, Supervised};
 use ringway_proto::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -304,32 +304,25 @@ fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
 }
 
 fn get_metrics(addr: SocketAddr) -> anyhow::Result<String> {
-    let (code, body) = http_get(addr, "/metrics", Duration::from_secs(10))?;
-    if code != 200 {
-        bail!("/metrics answered {code}");
-    }
-    Ok(String::from_utf8(body)?)
+    Ok(String::from_utf8(get_ok(
+        addr,
+        "/metrics",
+        Duration::from_secs(10),
+    )?)?)
 }
 
 /// jemalloc's live heap bytes, from ringway's admin `/memory`.
 fn allocated(admin: SocketAddr) -> anyhow::Result<u64> {
-    let (code, body) = http_get(admin, "/memory", Duration::from_secs(10))?;
-    if code != 200 {
-        bail!("/memory answered {code}");
-    }
-    let v: serde_json::Value = serde_json::from_slice(&body)?;
-    v["allocator"]["allocated"]
+    get_json(admin, "/memory", Duration::from_secs(10))?["allocator"]["allocated"]
         .as_u64()
         .context("no allocator.allocated in /memory")
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let ringway = match &args.ringway {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("ringway"),
-    };
-    let work = tempfile_dir()?;
+    let ringway = ringway_perf::ringway_bin(args.ringway.as_deref())?;
+    let scratch = ringway_perf::nodes::Scratch::new("ringway-churn")?;
+    let work = &scratch.0;
     let services = args.services.max(1);
 
     eprintln!(
@@ -374,67 +367,22 @@ fn main() -> anyhow::Result<()> {
     });
 
     // ringway, one core, no local workload (no certificates to issue).
-    let bound = work.join("bound.json");
-    let log = work.join("ringway.log");
-    let mut cmd = Command::new(&ringway);
-    cmd.args(["--cores", "1", "--xds-address"])
-        .arg(format!("http://{xds_addr}"))
-        .args(["--node-name", "node-absent.cluster.internal"])
-        .arg("--ca-dir")
-        .arg(work.join("ca"))
-        .arg("--bound-addrs-file")
-        .arg(&bound)
-        .args(rig::side_listener_args(&ringway)?);
-    for flag in [
-        "--outbound-addr",
-        "--inbound-addr",
-        "--inbound-passthrough-addr",
-    ] {
-        cmd.args([flag, "127.0.0.1:0"]);
-    }
-    let file = std::fs::File::create(&log)?;
-    let start = Instant::now();
-    let child = cmd
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
-        .stderr(file)
-        .spawn()
-        .with_context(|| format!("starting {}", ringway.display()))?;
-    let mut child = KillOnDrop(child);
-    let pid = child.0.id();
-    let (readiness, stats, admin) = loop {
-        if let Some(status) = child.0.try_wait()? {
-            bail!("ringway exited ({status}):\n{}", rig::tail(&log, 20));
-        }
-        if let Ok(v) = std::fs::read_to_string(&bound)
-            .map_err(anyhow::Error::from)
-            .and_then(|t| Ok(serde_json::from_str::<serde_json::Value>(&t)?))
-        {
-            let addr =
-                |k: &str| -> Option<SocketAddr> { v["listeners"][k][0].as_str()?.parse().ok() };
-            if let (Some(r), Some(s), Some(a)) = (addr("readiness"), addr("stats"), addr("admin")) {
-                break (r, s, a);
-            }
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("ringway did not bind in time");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    loop {
-        if let Ok((200, _)) = http_get(readiness, "/healthz/ready", Duration::from_secs(2)) {
-            break;
-        }
-        if let Some(status) = child.0.try_wait()? {
-            bail!("ringway exited ({status}):\n{}", rig::tail(&log, 20));
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            bail!("ringway not ready in time:\n{}", rig::tail(&log, 20));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let ready_secs = start.elapsed().as_secs_f64();
+    let mut rw_args = vec!["--cores".into(), "1".into(), "--xds-address".into()];
+    rw_args.push(format!("http://{xds_addr}"));
+    rw_args.extend(["--node-name".into(), "node-absent.cluster.internal".into()]);
+    rw_args.extend(["--ca-dir".into(), work.join("ca").display().to_string()]);
+    rw_args.extend(rig::side_listener_args(&ringway)?);
+    rw_args.extend(rig::listener_args(rig::ANY_PORT, rig::ANY_PORT));
+    let spec = Spec::ringway(&ringway, "ringway", &rw_args, "warn", work)
+        .healthz()
+        .timeout(Duration::from_secs(180));
+    let bound = spec.bound_file().expect("a ringway's").to_path_buf();
+    let mut child = Supervised::start(None, spec)?;
+    let log = child.log().to_path_buf();
+    let pid = child.pid();
+    let listener = |k: &str| bound_addr(&bound, k).with_context(|| format!("no {k} listener"));
+    let (stats, admin) = (listener("stats")?, listener("admin")?);
+    let ready_secs = child.startup.as_secs_f64();
     eprintln!("ringway ready in {ready_secs:.2} s");
     // As scale-bench's steady sample: 15 s after ready, once the pages
     // freed while loading have decayed.
@@ -489,7 +437,7 @@ fn main() -> anyhow::Result<()> {
         }
         let msg = response(ADDRESS_TYPE_URL, 0, upserts, removed);
         if push_tx.blocking_send(msg).is_err() {
-            bail!("the xDS stream ended:\n{}", rig::tail(&log, 20));
+            bail!("the xDS stream ended:\n{}", tail(&log, 20));
         }
         if p % args.pushes_per_second == 0 {
             rss_max = rss_max.max(memory_status(pid)?["VmRSS"]);
@@ -508,12 +456,9 @@ fn main() -> anyhow::Result<()> {
     let heap_after = allocated(admin)?;
     heap_series.push(heap_after);
     let buckets_after = propagation(&get_metrics(stats)?);
-    if let Some(status) = child.0.try_wait()? {
-        bail!(
-            "ringway exited during the churn ({status}):\n{}",
-            rig::tail(&log, 20)
-        );
-    }
+    child
+        .check_alive()
+        .context("ringway exited during the churn")?;
     let during: Vec<(f64, u64)> = buckets_after
         .iter()
         .map(|(le, c)| {
@@ -581,24 +526,9 @@ fn main() -> anyhow::Result<()> {
         args.out.join("results.json"),
         serde_json::to_string_pretty(&j)?,
     )?;
-    let _ = std::fs::remove_dir_all(&work);
+    drop(scratch);
     if nacks > 0 {
         bail!("ringway NACKed {nacks} pushes: see {}", log.display());
     }
     Ok(())
-}
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("ringway-churn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }

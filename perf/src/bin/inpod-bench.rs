@@ -64,12 +64,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use ringway_perf::dial::Dialer;
+use ringway_perf::latency::{self, Percentiles};
+use ringway_perf::nodes::{node_pair, ringway_args, strings, Scratch};
 use ringway_perf::procstat::{self, Processes};
-use ringway_perf::rig::{self, Netns, Proxy};
+use ringway_perf::report::{fmt_num, Collector, MetricDef};
+use ringway_perf::rig::{self, Netns};
 use ringway_perf::rr::Limit;
-use ringway_perf::stats::{median, ratio};
+use ringway_perf::scenario::Scenario;
+use ringway_perf::supervise::{bound_file, Supervised};
 use ringway_perf::units::{fmt_size, parse_size};
-use ringway_perf::{connect, kernel, machine, report::fmt_num, rr, server, throughput};
+use ringway_perf::{connect, kernel, machine, rr, server, throughput};
 use ringway_rig::zds::{Agent, AgentConn};
 use serde_json::{json, Value};
 
@@ -125,18 +129,12 @@ struct Args {
 }
 
 // ---------------------------------------------------------------------------
-// Cleanup on signals: what exists right now, so the signal thread can
-// remove it (drop guards cover normal exit, errors and panics).
+// Cleanup on signals (drop guards cover normal exit, errors and panics).
+// Everything this process makes is named after its pid: the namespaces
+// (`<prefix>-<pid>-<n>`) and the scratch directory.
 
-struct Registry {
-    netns: Vec<String>,
-    dirs: Vec<PathBuf>,
-}
-
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    netns: Vec::new(),
-    dirs: Vec::new(),
-});
+/// The scratch directory's prefix (config, CA, ZDS sockets).
+const SCRATCH: &str = "inpod-bench";
 
 /// The write end of the self-pipe the signal handler writes to.
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -154,7 +152,7 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 /// On SIGINT, SIGTERM or SIGHUP: kills every process this one started
-/// (ringways, perf), deletes the registered namespaces and directories,
+/// (ringways, perf), deletes its namespaces and its scratch directory,
 /// and exits. A handler, not a blocked mask: children inherit a signal
 /// mask (perf and ringway would then ignore their own SIGINT / SIGTERM),
 /// while handlers are reset at exec.
@@ -190,54 +188,18 @@ fn cleanup_on_signals() {
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             }
         }
-        let r = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
-        for ns in &r.netns {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", ns])
-                .stderr(std::process::Stdio::null())
-                .status();
+        let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output();
+        let list = ip(&["netns", "list"]).map(|o| o.stdout).unwrap_or_default();
+        let mine = format!("-{me}-");
+        for line in String::from_utf8_lossy(&list).lines() {
+            match line.split_whitespace().next() {
+                Some(ns) if ns.contains(&mine) => drop(ip(&["netns", "del", ns])),
+                _ => {}
+            }
         }
-        for d in &r.dirs {
-            let _ = std::fs::remove_dir_all(d);
-        }
+        let _ = std::fs::remove_dir_all(Scratch::path(SCRATCH));
         std::process::exit(128 + b as i32);
     });
-}
-
-fn netns(prefix: &str) -> anyhow::Result<Netns> {
-    let ns = Netns::new(prefix)?;
-    REGISTRY.lock().unwrap().netns.push(ns.name.clone());
-    Ok(ns)
-}
-
-fn start_proxy(
-    ns: &Netns,
-    bin: &Path,
-    name: &str,
-    args: &[String],
-    logs: &Path,
-    level: &str,
-) -> anyhow::Result<Proxy> {
-    Proxy::start(ns, bin, name, args, logs, level)
-}
-
-/// The scratch directory (config, CA, ZDS sockets), removed on drop.
-struct Work(PathBuf);
-
-impl Work {
-    fn new() -> anyhow::Result<Work> {
-        let p = std::env::temp_dir().join(format!("inpod-bench-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p)?;
-        REGISTRY.lock().unwrap().dirs.push(p.clone());
-        Ok(Work(p))
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -253,10 +215,6 @@ fn progress(msg: &str) {
     eprintln!("[inpod-bench {:6.1}s] {msg}", t.as_secs_f64());
 }
 
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
-
 /// VmRSS (KiB) and open descriptors of `pid`.
 fn sample(pid: u32) -> anyhow::Result<(u64, usize)> {
     let rss = procstat::rss_bytes(pid)? / 1024;
@@ -264,29 +222,22 @@ fn sample(pid: u32) -> anyhow::Result<(u64, usize)> {
     Ok((rss, fds))
 }
 
-/// Nearest-rank percentile of sorted milliseconds.
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
+/// Samples in milliseconds, and their percentiles (from a histogram).
 fn summary_ms(v: Vec<f64>) -> Value {
-    // In request order, to the microsecond.
-    let samples: Vec<f64> = v.iter().map(|x| (x * 1e3).round() / 1e3).collect();
-    let mut v = v;
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let mut h = latency::new_hist();
+    for &ms in &v {
+        latency::record(&mut h, Duration::from_secs_f64(ms / 1e3));
+    }
+    let p = Percentiles::of(&h);
     json!({
-        "samples_ms": samples,
-        "count": v.len(),
-        "p50_ms": pct(&v, 0.5),
-        "p90_ms": pct(&v, 0.9),
-        "p99_ms": pct(&v, 0.99),
-        "max_ms": v.last().copied().unwrap_or(f64::NAN),
-        "mean_ms": mean,
+        // In request order, to the microsecond.
+        "samples_ms": v.iter().map(|x| (x * 1e3).round() / 1e3).collect::<Vec<_>>(),
+        "count": p.count,
+        "p50_ms": p.p50_us / 1e3,
+        "p90_ms": p.p90_us / 1e3,
+        "p99_ms": p.p99_us / 1e3,
+        "max_ms": p.max_us / 1e3,
+        "mean_ms": p.mean_us / 1e3,
     })
 }
 
@@ -301,25 +252,13 @@ fn log_lines_with(log: &Path, needle: &str) -> usize {
 
 /// The `cores` ringway wrote into its --bound-addrs-file.
 fn cores_of(logs: &Path, name: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(logs.join(format!("{name}.bound.json"))).ok()?;
+    let text = std::fs::read_to_string(bound_file(logs, name)).ok()?;
     serde_json::from_str::<Value>(&text).ok()?["cores"].as_u64()
 }
 
 fn inpod_args(uds: &Path, config: &Path, ca: &Path, node: &str, side: &[String]) -> Vec<String> {
-    let mut v = strings(&[
-        "--inpod",
-        "--inpod-uds",
-        uds.to_str().unwrap(),
-        "--config",
-        config.to_str().unwrap(),
-        "--ca-dir",
-        ca.to_str().unwrap(),
-        "--node-name",
-        node,
-        "--log-format",
-        "json",
-    ]);
-    v.extend(side.iter().cloned());
+    let mut v = strings(&["--inpod", "--inpod-uds", uds.to_str().unwrap()]);
+    v.extend(ringway_args(config, ca, node, side));
     v
 }
 
@@ -345,6 +284,25 @@ fn listens(ns: &str, addr: SocketAddr) -> anyhow::Result<bool> {
     })
 }
 
+/// Whether the first and the last pod have ringway's listeners must be
+/// `want` (after their add, after their del).
+fn pods_listen(pods: &[Netns], want: bool) -> anyhow::Result<()> {
+    for p in [pods.first(), pods.last()].into_iter().flatten() {
+        for port in POD_PORTS {
+            let has = listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?;
+            ensure!(
+                has == want,
+                "pod namespace {} {} a {port} listener after its {}; its listening sockets:\n{}",
+                p.name,
+                if has { "still has" } else { "has no" },
+                if want { "ack" } else { "del" },
+                listening(&p.name)
+            );
+        }
+    }
+    Ok(())
+}
+
 /// What the enrolled pods have, for the report.
 fn pod_shape(a: &Args) -> &'static str {
     match (a.no_pod_veth, a.pod_ipv6) {
@@ -356,8 +314,14 @@ fn pod_shape(a: &Args) -> &'static str {
 
 /// `ss -ltn` inside `ns` (for error messages).
 fn listening(ns: &str) -> String {
+    ss(ns, &["-ltn"])
+}
+
+/// `ss ARGS` inside `ns`: its output (empty if it failed).
+fn ss(ns: &str, args: &[&str]) -> String {
     std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "ss", "-ltn"])
+        .args(["netns", "exec", ns, "ss"])
+        .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
@@ -366,17 +330,22 @@ fn listening(ns: &str) -> String {
 // ---------------------------------------------------------------------------
 // Part 1: pod enrolment.
 
-fn pod_enrolment(
-    a: &Args,
-    bin: &Path,
-    work: &Path,
-    logs: &Path,
-    side: &[String],
-) -> anyhow::Result<Value> {
-    let node = netns("rwib-n0")?;
+/// What both parts run with: the arguments, the ringway binary, the
+/// scratch and log folders, and the side-listener flags.
+struct Bench<'a> {
+    a: &'a Args,
+    bin: &'a Path,
+    work: &'a Path,
+    logs: &'a Path,
+    side: &'a [String],
+}
+
+fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
+    let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
+    let node = Netns::new("rwib-n0")?;
     let hub = match a.no_pod_veth {
         true => None,
-        false => Some(netns("rwib-hub")?),
+        false => Some(Netns::new("rwib-hub")?),
     };
     progress(&format!(
         "creating {} pod namespaces ({})",
@@ -385,7 +354,7 @@ fn pod_enrolment(
     ));
     let mut pods = Vec::with_capacity(a.pods);
     for i in 0..a.pods {
-        let p = netns("rwib-p")?;
+        let p = Netns::new("rwib-p")?;
         if let Some(h) = &hub {
             let ip = format!("10.254.{}.{}/16", i / 250, i % 250 + 1);
             if a.pod_ipv6 {
@@ -409,7 +378,7 @@ fn pod_enrolment(
     let agent = Agent::listen(&work.join("zds-pods.sock"));
     let args = inpod_args(&agent.path, &config, &work.join("ca"), "bench-node", side);
     let name = "ringway-pods";
-    let mut rw = start_proxy(&node, bin, name, &args, logs, &a.log_level)?;
+    let mut rw = Supervised::ringway(&node, bin, name, &args, &a.log_level, logs)?;
     let pid = rw.pid();
     let cores = cores_of(logs, name);
     let conn = agent.accept(Duration::from_secs(20));
@@ -434,16 +403,7 @@ fn pod_enrolment(
     let full = sample(pid)?;
     rw.check_alive()?;
     // The ack meant every core listens: the first and last pod answer.
-    for p in [pods.first(), pods.last()].into_iter().flatten() {
-        for port in POD_PORTS {
-            ensure!(
-                listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?,
-                "pod namespace {} has no {port} listener after its ack; its listening sockets:\n{}",
-                p.name,
-                listening(&p.name)
-            );
-        }
-    }
+    pods_listen(&pods, true)?;
 
     let mut del_ms = Vec::with_capacity(a.pods);
     for i in 0..a.pods {
@@ -457,16 +417,8 @@ fn pod_enrolment(
     std::thread::sleep(Duration::from_secs(1));
     let after = sample(pid)?;
     rw.check_alive()?;
-    for p in [pods.first(), pods.last()].into_iter().flatten() {
-        for port in POD_PORTS {
-            ensure!(
-                !listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?,
-                "pod namespace {} still has a {port} listener after its del",
-                p.name
-            );
-        }
-    }
-    let late = log_lines_with(&rw.log, "not every core");
+    pods_listen(&pods, false)?;
+    let late = log_lines_with(rw.log(), "not every core");
     let n = a.pods as f64;
     let per_pod_rss = (full.0 as f64 - zero.0 as f64) / n;
     let per_pod_fds = (full.1 as f64 - zero.1 as f64) / n;
@@ -513,20 +465,6 @@ fn mesh(pods: &[(String, String, Ipv4Addr, String)]) -> String {
     y + "services: []\npolicies: []\n"
 }
 
-/// Pod settings for connection-rate runs (as the suite's nodes).
-fn tune(ns: &Netns) -> anyhow::Result<()> {
-    ns.sysctl("net.ipv4.tcp_tw_reuse", "1")?;
-    ns.sysctl("net.ipv4.ip_local_port_range", "16384 65535")
-}
-
-fn inpod_rules(ns: &Netns) -> anyhow::Result<()> {
-    rig::check(
-        std::process::Command::new("bash")
-            .arg(ringway_rig::script("inpod-rules.sh"))
-            .arg(&ns.name),
-    )
-}
-
 /// A listener that writes the peer's address and closes: shows who made
 /// the connection that reached the server pod.
 fn whoami(addr: SocketAddr) -> anyhow::Result<()> {
@@ -556,21 +494,10 @@ fn ask_whoami(client_ns: &str, to: SocketAddr) -> anyhow::Result<String> {
 
 /// Established TCP connections inside `ns` to `dst` (`ss`).
 fn established_to(ns: &str, dst: SocketAddr) -> usize {
-    std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "ss",
-            "-Htn",
-            "state",
-            "established",
-            "dst",
-        ])
-        .arg(dst.to_string())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
-        .unwrap_or(0)
+    let dst = dst.to_string();
+    ss(ns, &["-Htn", "state", "established", "dst", &dst])
+        .lines()
+        .count()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -646,7 +573,7 @@ fn specs(with_no_orig_src: bool) -> Vec<Spec> {
 /// A running pod pair and its two ringways. Field order is drop order:
 /// processes, agents, then namespaces.
 struct Pair {
-    proxies: Vec<Proxy>,
+    proxies: Vec<Supervised>,
     _conns: Vec<AgentConn>,
     _agents: Vec<Agent>,
     /// The in-pod ringways' own namespaces (their "nodes").
@@ -656,29 +583,14 @@ struct Pair {
 }
 
 impl Pair {
-    #[allow(clippy::too_many_arguments)]
-    fn start(
-        spec: &Spec,
-        a: &Args,
-        bin: &Path,
-        work: &Path,
-        logs: &Path,
-        side: &[String],
-        config: &Path,
-        ca: &Path,
-    ) -> anyhow::Result<Pair> {
+    fn start(spec: &Spec, b: &Bench, config: &Path, ca: &Path) -> anyhow::Result<Pair> {
+        let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
         let tag = spec.net;
-        let client = netns(&format!("rwib-c{tag}"))?;
-        let server = netns(&format!("rwib-s{tag}"))?;
-        let (c_if, _) = rig::veth(
-            &client,
-            &[&format!("{}/24", spec.client())],
-            &server,
-            &[&format!("{}/24", spec.server())],
+        // Two pods tuned as the suite's nodes (connection-rate runs).
+        let (client, server, c_if) = node_pair(
+            (&format!("rwib-c{tag}"), &[format!("{}/24", spec.client())]),
+            (&format!("rwib-s{tag}"), &[format!("{}/24", spec.server())]),
         )?;
-        for p in [&client, &server] {
-            tune(p)?;
-        }
         let sink = SocketAddr::from((spec.server(), SINK_PORT));
         server.enter(move || server::spawn(&[sink]))??;
         let who = SocketAddr::from((spec.server(), WHOAMI_PORT));
@@ -696,27 +608,22 @@ impl Pair {
             Kind::InPod(orig_src) => {
                 // istio-cni's rules in both pods; a ringway per node, each
                 // in a namespace of its own, enrolling its pod.
-                inpod_rules(&pair.client)?;
-                inpod_rules(&pair._server)?;
+                for pod in [&pair.client, &pair._server] {
+                    rig::script("inpod-rules.sh", &[&pod.name])?;
+                }
                 let pods = [
                     (&pair.client.name, &client_name),
                     (&pair._server.name, &server_name),
                 ];
                 for (i, (pod_ns, name)) in pods.into_iter().enumerate() {
-                    let node = netns(&format!("rwib-n{tag}{i}"))?;
+                    let node = Netns::new(&format!("rwib-n{tag}{i}"))?;
                     let agent = Agent::listen(&work.join(format!("zds-{}-{i}.sock", spec.key)));
                     let mut args = inpod_args(&agent.path, config, ca, spec.nodes[i], side);
                     if let Some(v) = orig_src {
                         args.push(format!("--orig-src={v}"));
                     }
-                    let p = start_proxy(
-                        &node,
-                        bin,
-                        &format!("ringway-{}-{}", spec.key, spec.nodes[i]),
-                        &args,
-                        logs,
-                        &a.log_level,
-                    )?;
+                    let rw = format!("ringway-{}-{}", spec.key, spec.nodes[i]);
+                    let p = Supervised::ringway(&node, bin, &rw, &args, &a.log_level, logs)?;
                     let conn = agent.accept(Duration::from_secs(20));
                     ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
                     add_ok(&conn, &format!("uid-{name}"), pod_ns, spec.k8s_ns, name)?;
@@ -741,22 +648,11 @@ impl Pair {
                 .into_iter()
                 .enumerate()
                 {
-                    let mut args = strings(&[
-                        "--config",
-                        config.to_str().unwrap(),
-                        "--ca-dir",
-                        ca.to_str().unwrap(),
-                        "--node-name",
-                        spec.nodes[i],
-                        "--log-format",
-                        "json",
-                        "--inbound-addr",
-                        &format!("{ip}:15008"),
-                    ]);
-                    args.extend(side.iter().cloned());
+                    let mut args = ringway_args(config, ca, spec.nodes[i], side);
+                    args.extend(["--inbound-addr".into(), format!("{ip}:15008")]);
                     let name = format!("ringway-{}-{}", spec.key, spec.nodes[i]);
-                    pair.proxies
-                        .push(start_proxy(ns, bin, &name, &args, logs, &a.log_level)?);
+                    let p = Supervised::ringway(ns, bin, &name, &args, &a.log_level, logs)?;
+                    pair.proxies.push(p);
                 }
             }
         }
@@ -807,21 +703,44 @@ impl Mode {
 }
 
 /// The metrics of the comparison: (id, label, scenario, higher is better,
-/// digits).
-const METRICS: [(&str, &str, &str, bool, usize); 10] = [
-    ("gbit_s", "Gbit/s", "throughput", true, 2),
-    ("cpu_s_per_gib", "CPU s / GiB", "throughput", false, 3),
-    ("rr_p50_us", "p50 µs", "rr", false, 1),
-    ("rr_p99_us", "p99 µs", "rr", false, 1),
-    ("requests_per_s", "requests/s", "rr", true, 0),
-    ("cpu_ms_per_1k_req", "CPU ms / 1k requests", "rr", false, 1),
-    ("connections_per_s", "connections/s", "connect", true, 0),
+/// digits, the suite's metric it is read from). The suite's CPU per 1k is
+/// in seconds, these in milliseconds.
+const METRICS: [(&str, &str, &str, bool, usize, &str); 10] = [
+    ("gbit_s", "Gbit/s", "throughput", true, 2, "gbps"),
+    (
+        "cpu_s_per_gib",
+        "CPU s / GiB",
+        "throughput",
+        false,
+        3,
+        "cpu_per_gib",
+    ),
+    ("rr_p50_us", "p50 µs", "rr", false, 1, "p50"),
+    ("rr_p99_us", "p99 µs", "rr", false, 1, "p99"),
+    ("requests_per_s", "requests/s", "rr", true, 0, "rps"),
+    (
+        "cpu_ms_per_1k_req",
+        "CPU ms / 1k requests",
+        "rr",
+        false,
+        1,
+        "cpu_per_1k",
+    ),
+    (
+        "connections_per_s",
+        "connections/s",
+        "connect",
+        true,
+        0,
+        "cps",
+    ),
     (
         "connect_p50_us",
         "connect→first byte p50 µs",
         "connect",
         false,
         1,
+        "p50",
     ),
     (
         "connect_p99_us",
@@ -829,6 +748,7 @@ const METRICS: [(&str, &str, &str, bool, usize); 10] = [
         "connect",
         false,
         1,
+        "p99",
     ),
     (
         "cpu_ms_per_1k_conn",
@@ -836,40 +756,12 @@ const METRICS: [(&str, &str, &str, bool, usize); 10] = [
         "connect",
         false,
         1,
+        "cpu_per_1k",
     ),
 ];
 
-/// Samples per column and metric.
-struct Samples {
-    v: Vec<Vec<Vec<f64>>>,
-}
-
-impl Samples {
-    fn new(modes: usize) -> Samples {
-        Samples {
-            v: vec![vec![Vec::new(); METRICS.len()]; modes],
-        }
-    }
-
-    fn push(&mut self, mode: usize, id: &str, x: Option<f64>) {
-        let i = METRICS.iter().position(|m| m.0 == id).unwrap();
-        if let Some(x) = x {
-            self.v[mode][i].push(x);
-        }
-    }
-
-    fn median(&self, mode: usize, i: usize) -> Option<f64> {
-        median(&self.v[mode][i])
-    }
-}
-
-fn side_by_side(
-    a: &Args,
-    bin: &Path,
-    work: &Path,
-    logs: &Path,
-    side: &[String],
-) -> anyhow::Result<Value> {
+fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
+    let Bench { a, work, logs, .. } = *b;
     let specs = specs(!a.no_orig_src_column);
     let config = work.join("mesh.yaml");
     let mut workloads = Vec::new();
@@ -882,7 +774,7 @@ fn side_by_side(
     let ca = work.join("ca");
     let mut pairs = Vec::new();
     for s in &specs {
-        pairs.push(Pair::start(s, a, bin, work, logs, side, &config, &ca)?);
+        pairs.push(Pair::start(s, b, &config, &ca)?);
     }
     let modes: Vec<Mode> = specs
         .iter()
@@ -908,6 +800,22 @@ fn side_by_side(
     // an HBONE connection to the server pod's 15008. What the server
     // pod's application saw as the peer is recorded (the client's address
     // with --orig-src, else the server pod's own).
+    let warm_up = [
+        Scenario::Connect(connect::Params {
+            concurrency: 1,
+            limit: Limit::Count(200),
+        }),
+        Scenario::Throughput(throughput::Params {
+            streams: 1,
+            bytes_per_stream: 64 << 20,
+            direction: throughput::Direction::Up,
+        }),
+        Scenario::Rr(rr::Params {
+            size: 1,
+            connections: 1,
+            limit: Limit::Count(2000),
+        }),
+    ];
     let mut paths = serde_json::Map::new();
     for (m, spec) in modes.iter().zip(&specs) {
         let before: Vec<f64> = m
@@ -918,34 +826,12 @@ fn side_by_side(
             .collect();
         let who = ask_whoami(&m.client_ns, SocketAddr::from((m.server_ip, WHOAMI_PORT)))
             .with_context(|| format!("{}: first connection", m.label))?;
-        m.run(|d, _| {
-            for _ in 0..200 {
-                connect::one(d)?;
+        for w in &warm_up {
+            let w = w.clone();
+            if let Some(e) = m.run(move |d, p| w.run(d, p))?.warning {
+                bail!("{}: warm-up: {e}", m.label);
             }
-            Ok(())
-        })?;
-        m.run(|d, p| {
-            throughput::run(
-                d,
-                throughput::Params {
-                    streams: 1,
-                    bytes_per_stream: 64 << 20,
-                    direction: throughput::Direction::Up,
-                },
-                p,
-            )
-        })?;
-        m.run(|d, p| {
-            rr::run(
-                d,
-                rr::Params {
-                    size: 1,
-                    connections: 1,
-                    limit: Limit::Count(2000),
-                },
-                p,
-            )
-        })?;
+        }
         let spent: Vec<f64> = m
             .procs
             .roots
@@ -987,7 +873,24 @@ fn side_by_side(
     }
     check_alive(&mut pairs)?;
 
-    let mut samples = Samples::new(modes.len());
+    // The columns' samples of every metric, in the suite's collector.
+    let mut samples = Collector::new(modes.iter().map(|m| m.key.to_string()).collect());
+    let scenarios = [
+        Scenario::Throughput(throughput::Params {
+            streams: 1,
+            bytes_per_stream: a.bytes,
+            direction: throughput::Direction::Up,
+        }),
+        Scenario::Rr(rr::Params {
+            size: 1,
+            connections: 1,
+            limit: Limit::Count(a.requests),
+        }),
+        Scenario::Connect(connect::Params {
+            concurrency: 1,
+            limit: Limit::Count(a.connections),
+        }),
+    ];
     let mut rounds = Vec::new();
     let n = modes.len();
     for round in 0..a.rounds {
@@ -1003,98 +906,41 @@ fn side_by_side(
             "round": round + 1,
             "order": order.iter().map(|&i| modes[i].key).collect::<Vec<_>>(),
         });
-        for &i in &order {
-            let m = &modes[i];
-            let bytes = a.bytes;
-            let r = m.run(move |d, p| {
-                throughput::run(
-                    d,
-                    throughput::Params {
-                        streams: 1,
-                        bytes_per_stream: bytes,
-                        direction: throughput::Direction::Up,
-                    },
-                    p,
-                )
-            })?;
-            progress(&format!(
-                "  {:26} throughput {} up: {:.2} Gbit/s, {} CPU s/GiB",
-                m.label,
-                fmt_size(bytes),
-                r.gbit_per_s,
-                fmt_num(r.proxy_cpu_s_per_gib, 3)
-            ));
-            samples.push(i, "gbit_s", Some(r.gbit_per_s));
-            samples.push(i, "cpu_s_per_gib", r.proxy_cpu_s_per_gib);
-            this[m.key]["throughput"] = serde_json::to_value(&r)?;
+        for scenario in &scenarios {
+            // "throughput", "rr" or "connect".
+            let id = scenario.id();
+            let kind = id.split('.').next().unwrap_or_default();
+            for &i in &order {
+                let m = &modes[i];
+                let sc = scenario.clone();
+                let r = m.run(move |d, p| sc.run(d, p))?;
+                if let (Scenario::Connect(_), Some(w)) = (scenario, &r.warning) {
+                    bail!("{}: {w}", m.label);
+                }
+                progress(&format!(
+                    "  {:26} {}: {}",
+                    m.label,
+                    scenario.label(),
+                    r.summary.trim()
+                ));
+                for &(key, label, sc, higher, digits, from) in &METRICS {
+                    let from = format!("{id}.{from}");
+                    let Some((_, v)) = r.metrics.iter().find(|(d, _)| sc == kind && d.id == from)
+                    else {
+                        continue;
+                    };
+                    let scale = if from.ends_with(".cpu_per_1k") {
+                        1e3
+                    } else {
+                        1.0
+                    };
+                    let def = MetricDef::new(key, sc, label, higher, digits);
+                    samples.add(&def, i, v * scale);
+                }
+                this[m.key][kind] = r.raw;
+            }
+            check_alive(&mut pairs)?;
         }
-        check_alive(&mut pairs)?;
-        for &i in &order {
-            let m = &modes[i];
-            let count = a.requests;
-            let r = m.run(move |d, p| {
-                rr::run(
-                    d,
-                    rr::Params {
-                        size: 1,
-                        connections: 1,
-                        limit: Limit::Count(count),
-                    },
-                    p,
-                )
-            })?;
-            let cpu_ms = r.proxy_cpu_s_per_1k_requests.map(|s| s * 1e3);
-            progress(&format!(
-                "  {:26} rr {count} × 1 B: {:.0} req/s, p50 {:.1} µs, p99 {:.1} µs, {} CPU ms/1k",
-                m.label,
-                r.requests_per_s,
-                r.latency.p50_us,
-                r.latency.p99_us,
-                fmt_num(cpu_ms, 1)
-            ));
-            samples.push(i, "rr_p50_us", Some(r.latency.p50_us));
-            samples.push(i, "rr_p99_us", Some(r.latency.p99_us));
-            samples.push(i, "requests_per_s", Some(r.requests_per_s));
-            samples.push(i, "cpu_ms_per_1k_req", cpu_ms);
-            this[m.key]["rr"] = serde_json::to_value(&r)?;
-        }
-        check_alive(&mut pairs)?;
-        for &i in &order {
-            let m = &modes[i];
-            let count = a.connections;
-            let r = m.run(move |d, p| {
-                connect::run(
-                    d,
-                    connect::Params {
-                        concurrency: 1,
-                        limit: Limit::Count(count),
-                    },
-                    p,
-                )
-            })?;
-            ensure!(
-                r.errors == 0,
-                "{}: {} of {count} connections failed: {}",
-                m.label,
-                r.errors,
-                r.first_error.as_deref().unwrap_or("?")
-            );
-            let cpu_ms = r.proxy_cpu_s_per_1k_connections.map(|s| s * 1e3);
-            progress(&format!(
-                "  {:26} connect {count}: {:.0} conn/s, p50 {:.1} µs, p99 {:.1} µs, {} CPU ms/1k",
-                m.label,
-                r.connections_per_s,
-                r.connect_to_first_byte.p50_us,
-                r.connect_to_first_byte.p99_us,
-                fmt_num(cpu_ms, 1)
-            ));
-            samples.push(i, "connections_per_s", Some(r.connections_per_s));
-            samples.push(i, "connect_p50_us", Some(r.connect_to_first_byte.p50_us));
-            samples.push(i, "connect_p99_us", Some(r.connect_to_first_byte.p99_us));
-            samples.push(i, "cpu_ms_per_1k_conn", cpu_ms);
-            this[m.key]["connect"] = serde_json::to_value(&r)?;
-        }
-        check_alive(&mut pairs)?;
         rounds.push(this);
     }
 
@@ -1105,37 +951,27 @@ fn side_by_side(
         for m in &modes {
             let tids = m.procs.threads();
             let named = ["setns", "io_uring_enter", "socket", "connect", "close"];
-            let count = a.connections.min(1000);
-            let (r, counted) = kernel::count_around(&tids, &named, || {
-                m.run(move |d, p| {
-                    connect::run(
-                        d,
-                        connect::Params {
-                            concurrency: 1,
-                            limit: Limit::Count(count),
-                        },
-                        p,
-                    )
-                })
-            });
-            let r = r?;
-            let conn = per_unit(&counted, r.connections);
-            let count = a.requests.min(5000);
-            let (r2, counted2) = kernel::count_around(&tids, &named, || {
-                m.run(move |d, p| {
-                    rr::run(
-                        d,
-                        rr::Params {
-                            size: 1,
-                            connections: 1,
-                            limit: Limit::Count(count),
-                        },
-                        p,
-                    )
-                })
-            });
-            let r2 = r2?;
-            let req = per_unit(&counted2, r2.requests);
+            // Per connection / request: what the scenario's result counted.
+            let count = |s: Scenario, unit: &str| -> anyhow::Result<(Value, u64)> {
+                let (r, c) = kernel::count_around(&tids, &named, || m.run(move |d, p| s.run(d, p)));
+                let n = r?.raw[unit].as_u64().unwrap_or(0);
+                Ok((per_unit(&c, n), n))
+            };
+            let (conn, connections) = count(
+                Scenario::Connect(connect::Params {
+                    concurrency: 1,
+                    limit: Limit::Count(a.connections.min(1000)),
+                }),
+                "connections",
+            )?;
+            let (req, requests) = count(
+                Scenario::Rr(rr::Params {
+                    size: 1,
+                    connections: 1,
+                    limit: Limit::Count(a.requests.min(5000)),
+                }),
+                "requests",
+            )?;
             progress(&format!(
                 "  {:26} system calls: {} per connection ({} setns), {} per request",
                 m.label,
@@ -1146,8 +982,8 @@ fn side_by_side(
             per_mode.insert(
                 m.key.into(),
                 json!({
-                    "connect": conn, "connections": r.connections,
-                    "rr": req, "requests": r2.requests,
+                    "connect": conn, "connections": connections,
+                    "rr": req, "requests": requests,
                 }),
             );
         }
@@ -1156,30 +992,23 @@ fn side_by_side(
     check_alive(&mut pairs)?;
     let mut warnings = serde_json::Map::new();
     for p in pairs.iter().flat_map(|p| &p.proxies) {
-        let n = log_lines_with(&p.log, "\"level\":\"WARN\"")
-            + log_lines_with(&p.log, "\"level\":\"ERROR\"");
-        warnings.insert(p.name.clone(), json!(n));
+        let n = log_lines_with(p.log(), "\"level\":\"WARN\"")
+            + log_lines_with(p.log(), "\"level\":\"ERROR\"");
+        warnings.insert(p.name().to_string(), json!(n));
     }
 
-    let mut medians = serde_json::Map::new();
-    let mut raw = serde_json::Map::new();
-    let mut ratios = serde_json::Map::new();
+    // Medians, and ratios over the node-level column.
+    let summary = samples.summarize(base);
+    let (mut medians, mut raw, mut ratios) = (json!({}), json!({}), json!({}));
     for (mi, m) in modes.iter().enumerate() {
-        let mut med = serde_json::Map::new();
-        let mut smp = serde_json::Map::new();
-        let mut rat = serde_json::Map::new();
-        for (i, def) in METRICS.iter().enumerate() {
-            med.insert(def.0.into(), json!(samples.median(mi, i)));
-            smp.insert(def.0.into(), json!(samples.v[mi][i]));
-            rat.insert(
-                def.0.into(),
-                json!(ratio(samples.median(mi, i), samples.median(base, i))),
-            );
-        }
-        medians.insert(m.key.into(), Value::Object(med));
-        raw.insert(m.key.into(), Value::Object(smp));
-        if mi != base {
-            ratios.insert(m.key.into(), Value::Object(rat));
+        for (id, ..) in METRICS {
+            let row = summary.iter().find(|r| r.def.id == id);
+            let v = row.map(|r| &r.values[mi]);
+            medians[m.key][id] = json!(v.and_then(|v| v.median));
+            raw[m.key][id] = json!(v.map_or(&[][..], |v| &v.samples));
+            if mi != base {
+                ratios[m.key][id] = json!(v.and_then(|v| v.ratio_vs_direct));
+            }
         }
     }
     let columns: Vec<Value> = specs
@@ -1325,7 +1154,7 @@ fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
             }
         }
         s += &format!("\n{rule}\n");
-        for (id, label, scenario, higher, digits) in METRICS {
+        for (id, label, scenario, higher, digits, _) in METRICS {
             s += &format!(
                 "| {scenario} | {label} ({}) |",
                 if higher {
@@ -1425,7 +1254,7 @@ fn run(a: &Args) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.out)?;
     let logs = a.out.join("logs");
     std::fs::create_dir_all(&logs)?;
-    let work = Work::new()?;
+    let work = Scratch::new(SCRATCH)?;
     let side = rig::side_listener_args(&bin)?;
     progress(&format!(
         "ringway {} ({}), out {}",
@@ -1434,13 +1263,20 @@ fn run(a: &Args) -> anyhow::Result<()> {
         a.out.display()
     ));
 
+    let b = Bench {
+        a,
+        bin: &bin,
+        work: &work.0,
+        logs: &logs,
+        side: &side,
+    };
     let pods = match a.skip_pods {
         true => Value::Null,
-        false => pod_enrolment(a, &bin, &work.0, &logs, &side).context("pod enrolment")?,
+        false => pod_enrolment(&b).context("pod enrolment")?,
     };
     let cmp = match a.skip_compare {
         true => Value::Null,
-        false => side_by_side(a, &bin, &work.0, &logs, &side).context("in-pod vs node-level")?,
+        false => side_by_side(&b).context("in-pod vs node-level")?,
     };
     let text = table(a, &machine, &pods, &cmp);
     let out = json!({

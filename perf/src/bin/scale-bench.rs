@@ -42,18 +42,18 @@ use std::fmt::Write as _;
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use ringway_benchkit::{live_bytes, peak_bytes, reset_peak, Counting};
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::certs;
 use ringway_controlplane::sources::local;
-use ringway_perf::http::http_get;
-use ringway_perf::microbench::{live_bytes, peak_bytes, reset_peak, Counting};
+use ringway_perf::http::{get_json, get_ok};
 use ringway_perf::procstat::memory_status as proc_status;
 use ringway_perf::rig::{self, Netns};
+use ringway_perf::supervise::{bound_addr, Spec, Supervised};
 use ringway_perf::ztunnel;
 use serde_json::{json, Value};
 
@@ -73,10 +73,11 @@ struct Args {
     /// background thread purges on time: `background_thread:true`).
     #[arg(
         long,
+        value_enum,
         default_value = "ringway,ringway-node,ztunnel",
         value_delimiter = ','
     )]
-    variants: Vec<String>,
+    variants: Vec<Kind>,
     /// Leave out ztunnel (no root needed then).
     #[arg(long)]
     no_ztunnel: bool,
@@ -148,11 +149,7 @@ const ABSENT_NODE: &str = "node-absent.cluster.internal";
 
 impl Shape {
     fn label(&self) -> String {
-        if self.workloads == 0 {
-            "empty".into()
-        } else {
-            format!("{} / {}", short(self.workloads), short(self.services))
-        }
+        mesh_label(self.workloads, self.services)
     }
 
     fn namespace(&self, s: usize) -> String {
@@ -268,6 +265,14 @@ impl Shape {
     }
 }
 
+/// "empty", or "20k / 2k" (workloads / services).
+fn mesh_label(workloads: usize, services: usize) -> String {
+    match workloads {
+        0 => "empty".into(),
+        _ => format!("{} / {}", short(workloads), short(services)),
+    }
+}
+
 fn short(n: usize) -> String {
     if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
@@ -296,30 +301,18 @@ fn dump_counts(body: &[u8]) -> anyhow::Result<(usize, usize)> {
 // One measured run
 // ---------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 enum Kind {
     Ringway,
     RingwayNode,
+    #[value(name = "ringway-nodecay")]
     RingwayNoDecay,
+    #[value(name = "ringway-bgthread")]
     RingwayBgThread,
     Ztunnel,
 }
 
 impl Kind {
-    fn parse(s: &str) -> anyhow::Result<Kind> {
-        Ok(match s {
-            "ringway" => Kind::Ringway,
-            "ringway-node" => Kind::RingwayNode,
-            "ringway-nodecay" => Kind::RingwayNoDecay,
-            "ringway-bgthread" => Kind::RingwayBgThread,
-            "ztunnel" => Kind::Ztunnel,
-            _ => bail!(
-                "unknown variant {s:?} (ringway, ringway-node, ringway-nodecay, \
-                 ringway-bgthread, ztunnel)"
-            ),
-        })
-    }
-
     fn key(self) -> &'static str {
         match self {
             Kind::Ringway => "ringway",
@@ -389,32 +382,25 @@ struct Bench {
     ca_dir: PathBuf,
 }
 
-/// A started proxy: the process, and how to reach its endpoints.
+/// A started proxy: the process, and how to reach its endpoints. Field
+/// order is drop order: the process before its namespace.
 struct Started {
-    child: Child,
+    proc: Supervised,
     /// ztunnel's namespace (its endpoints are reached from inside it).
     netns: Option<Netns>,
     admin: Option<SocketAddr>,
-    ready_secs: f64,
-}
-
-impl Drop for Started {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Bench {
     fn run(&self, kind: Kind, shape: Shape, mesh: &Path, file_bytes: u64) -> anyhow::Result<Run> {
         let name = format!("{}-{}", kind.key(), shape.workloads);
-        let log = self.work.join(format!("{name}.log"));
         let started = match kind {
-            Kind::Ztunnel => self.start_ztunnel(shape, mesh, &log)?,
-            _ => self.start_ringway(kind, mesh, &name, &log)?,
+            Kind::Ztunnel => self.start_ztunnel(shape, mesh, &name)?,
+            _ => self.start_ringway(kind, mesh, &name)?,
         };
-        let pid = started.child.id();
-        let ready = Duration::from_secs_f64(started.ready_secs);
+        let log = started.proc.log().to_path_buf();
+        let pid = started.proc.pid();
+        let ready = started.proc.startup;
         let t0 = Instant::now() - ready;
         let sample_at = |secs: f64| -> anyhow::Result<BTreeMap<String, u64>> {
             let at = t0 + ready + Duration::from_secs_f64(secs);
@@ -443,7 +429,7 @@ impl Bench {
             },
             identities: shape.identities(),
             file_bytes,
-            ready_secs: started.ready_secs,
+            ready_secs: ready.as_secs_f64(),
             early,
             steady,
             idle_cpu_percent,
@@ -451,22 +437,18 @@ impl Bench {
         };
         if let Some(admin) = started.admin {
             if kind != Kind::Ztunnel {
-                run.allocator = http_get(admin, "/memory", Duration::from_secs(5))
+                run.allocator = get_json(admin, "/memory", Duration::from_secs(5))
                     .ok()
-                    .filter(|(code, _)| *code == 200)
-                    .and_then(|(_, body)| serde_json::from_slice::<Value>(&body).ok())
                     .map(|v| v["allocator"].clone())
                     .filter(|a| !a.is_null());
             }
             if !self.args.no_verify {
-                let get = move || http_get(admin, "/config_dump", Duration::from_secs(120));
-                let (code, body) = match &started.netns {
-                    Some(ns) => ns.enter(get)??,
-                    None => get()?,
-                };
-                if code != 200 {
-                    bail!("{name}: /config_dump answered {code}");
+                let get = move || get_ok(admin, "/config_dump", Duration::from_secs(120));
+                let body = match &started.netns {
+                    Some(ns) => ns.enter(get)?,
+                    None => get(),
                 }
+                .with_context(|| name.clone())?;
                 let (w, s) = dump_counts(&body)?;
                 if w != run.workloads || s != run.services {
                     bail!(
@@ -487,110 +469,46 @@ impl Bench {
         Ok(run)
     }
 
-    fn start_ringway(
-        &self,
-        kind: Kind,
-        mesh: &Path,
-        name: &str,
-        log: &Path,
-    ) -> anyhow::Result<Started> {
-        let bound = self.work.join(format!("{name}.bound.json"));
-        let _ = std::fs::remove_file(&bound);
-        let mut cmd = Command::new(&self.ringway);
-        cmd.args(["--cores", "1", "--config"])
-            .arg(mesh)
-            .arg("--ca-dir")
-            .arg(&self.ca_dir)
-            .arg("--bound-addrs-file")
-            .arg(&bound)
-            .args(rig::side_listener_args(&self.ringway)?);
-        for flag in [
-            "--outbound-addr",
-            "--inbound-addr",
-            "--inbound-passthrough-addr",
-        ] {
-            cmd.args([flag, "127.0.0.1:0"]);
-        }
+    fn start_ringway(&self, kind: Kind, mesh: &Path, name: &str) -> anyhow::Result<Started> {
+        let mut args = vec!["--cores".into(), "1".into(), "--config".into()];
+        args.push(mesh.display().to_string());
+        args.extend(["--ca-dir".into(), self.ca_dir.display().to_string()]);
+        args.extend(rig::side_listener_args(&self.ringway)?);
+        args.extend(rig::listener_args(rig::ANY_PORT, rig::ANY_PORT));
         if kind == Kind::RingwayNode {
-            cmd.args(["--node-name", ABSENT_NODE]);
+            args.extend(["--node-name".into(), ABSENT_NODE.into()]);
         }
+        let mut spec = Spec::ringway(&self.ringway, name, &args, "warn", &self.work)
+            .healthz()
+            .timeout(Duration::from_secs_f64(self.args.ready_timeout));
         match kind {
             Kind::RingwayNoDecay => {
-                cmd.env("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0");
+                spec = spec.env("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0");
             }
-            Kind::RingwayBgThread => {
-                cmd.env("_RJEM_MALLOC_CONF", "background_thread:true");
-            }
+            Kind::RingwayBgThread => spec = spec.env("_RJEM_MALLOC_CONF", "background_thread:true"),
             _ => {}
         }
-        let file = std::fs::File::create(log)?;
-        let start = Instant::now();
-        let mut child = cmd
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {}", self.ringway.display()))?;
-        let deadline = start + Duration::from_secs_f64(self.args.ready_timeout);
-        // The bound-addresses file appears once every core listens.
-        let (readiness, admin) = loop {
-            if let Some(status) = child.try_wait()? {
-                bail!(
-                    "{name} exited during startup ({status}):\n{}",
-                    rig::tail(log, 20)
-                );
-            }
-            if let Ok(text) = std::fs::read_to_string(&bound) {
-                if let Ok(v) = serde_json::from_str::<Value>(&text) {
-                    let addr = |k: &str| -> Option<SocketAddr> {
-                        v["listeners"][k][0].as_str()?.parse().ok()
-                    };
-                    if let Some(r) = addr("readiness") {
-                        break (r, addr("admin"));
-                    }
-                }
-            }
-            if Instant::now() > deadline {
-                bail!("{name} did not bind its listeners in time");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        loop {
-            if let Ok((200, _)) = http_get(readiness, "/healthz/ready", Duration::from_secs(2)) {
-                break;
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!("{name} exited ({status}):\n{}", rig::tail(log, 20));
-            }
-            if Instant::now() > deadline {
-                bail!("{name} not ready in time");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let proc = Supervised::start(None, spec)?;
+        let admin = proc.spec.bound_file().and_then(|b| bound_addr(b, "admin"));
         Ok(Started {
-            ready_secs: start.elapsed().as_secs_f64(),
-            child,
+            proc,
             netns: None,
             admin,
         })
     }
 
-    fn start_ztunnel(&self, shape: Shape, mesh: &Path, log: &Path) -> anyhow::Result<Started> {
+    fn start_ztunnel(&self, shape: Shape, mesh: &Path, name: &str) -> anyhow::Result<Started> {
         let bin = self.ztunnel.as_ref().context("no ztunnel binary")?;
         let ns = Netns::new("rwscale")?;
         let mut env = ztunnel::env(mesh, &shape.proxy_workload(), "warn");
         env.retain(|(k, _)| !matches!(*k, "ENABLE_ORIG_SRC" | "PACKET_MARK"));
         env.push(("ZTUNNEL_WORKER_THREADS", "1".into()));
-        let start = Instant::now();
-        let timeout = Duration::from_secs_f64(self.args.ready_timeout);
-        let child = ztunnel::launch(&ns, bin, "ztunnel", &env, log, false, timeout)?;
-        let ready_secs = start.elapsed().as_secs_f64();
+        let spec = ztunnel::spec(bin, name, env, &self.work)
+            .timeout(Duration::from_secs_f64(self.args.ready_timeout));
         Ok(Started {
-            child,
+            proc: Supervised::start(Some(&ns), spec)?,
             netns: Some(ns),
             admin: Some("127.0.0.1:15000".parse()?),
-            ready_secs,
         })
     }
 }
@@ -769,11 +687,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
         let zt = find(Kind::Ztunnel, n);
         for &k in kinds {
             let Some(r) = find(k, n) else { continue };
-            let shape = if n == 0 {
-                "empty".to_string()
-            } else {
-                format!("{} / {}", short(r.workloads), short(r.services))
-            };
+            let shape = mesh_label(r.workloads, r.services);
             let bpw = per_workload(r, find(k, 0));
             let mut row = format!(
                 "| {shape} | {} | {:.2} s | {} | {} | {} | {} | {} |",
@@ -833,11 +747,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                if r.workloads == 0 {
-                    "empty".into()
-                } else {
-                    format!("{} / {}", short(r.workloads), short(r.services))
-                },
+                mesh_label(r.workloads, r.services),
                 r.variant,
                 r.certificates.map_or("–".into(), |c| c.to_string()),
                 get("allocated"),
@@ -857,11 +767,7 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
         .map(|r| {
             format!(
                 "{}: {:.1} MiB of YAML, {} identities",
-                if r.workloads == 0 {
-                    "empty".to_string()
-                } else {
-                    format!("{} / {}", short(r.workloads), short(r.services))
-                },
+                mesh_label(r.workloads, r.services),
                 r.file_bytes as f64 / (1 << 20) as f64,
                 r.identities
             )
@@ -896,11 +802,7 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let mut kinds: Vec<Kind> = args
-        .variants
-        .iter()
-        .map(|v| Kind::parse(v))
-        .collect::<Result<_, _>>()?;
+    let mut kinds = args.variants.clone();
     if args.no_ztunnel {
         kinds.retain(|k| *k != Kind::Ztunnel);
     }
@@ -910,19 +812,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    let ringway = match &args.ringway {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no folder")?
-            .join("ringway"),
-    };
-    if !ringway.is_file() {
-        bail!(
-            "no ringway binary at {} (cargo build --release -p ringway-dataplane, or --ringway PATH)",
-            ringway.display()
-        );
-    }
+    let ringway = ringway_perf::ringway_bin(args.ringway.as_deref())?;
     let work = match &args.work {
         Some(w) => w.clone(),
         None => std::env::temp_dir().join(format!("ringway-scale-{}", std::process::id())),
@@ -993,21 +883,14 @@ fn main() -> anyhow::Result<()> {
     let md = report(&runs, &kinds) + &heap_report(&heaps);
     println!("{md}");
     std::fs::write(bench.args.out.join("results.md"), &md)?;
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
+    let (commit, dirty) = ringway_perf::machine::checkout(Path::new("."));
     let versions = json!({
         "machine": ringway_perf::machine::describe(Some(&bench.ringway)),
         "ztunnel": bench.ztunnel.as_deref().and_then(ztunnel::version),
         // The checkout scale-bench ran from (the binary may live in a
         // shared target folder).
-        "git_commit": git(&["rev-parse", "HEAD"]),
-        "git_dirty": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        "git_commit": commit,
+        "git_dirty": dirty,
     });
     let out = json!({
         "settings": {

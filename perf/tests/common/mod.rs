@@ -83,6 +83,17 @@ pub fn run_suite(ringway: &Path, out: &Path, args: &[&str]) -> (String, serde_js
     (stderr, serde_json::from_str(&json).unwrap())
 }
 
+/// The results.json row of metric `id`.
+#[allow(dead_code)] // each test binary compiles this module; not all use it
+pub fn metric<'a>(json: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    json["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no metric {id}"))
+}
+
 /// The columns' keys, in order.
 pub fn variant_keys(json: &serde_json::Value) -> Vec<String> {
     json["variants"]

@@ -10,6 +10,8 @@
 //!
 //! Timings are medians over rounds of batches of at least 200 ms. Prints a
 //! Markdown table, then one line of JSON.
+//!
+//! Run: `cargo bench -p ringway-dataplane --bench metrics-bench`.
 
 use std::time::{Duration, Instant};
 

@@ -4,10 +4,10 @@
 //! pods, each backing one service through one port mapping).
 //!
 //! Memory is counted exactly by a counting global allocator (bytes live on
-//! the heap, see `ringway_perf::microbench`), not sampled from RSS. Times
+//! the heap, see `ringway_benchkit`), not sampled from RSS. Times
 //! are medians of repeated runs. Prints a Markdown table.
 //!
-//! Run: `cargo run --release -p ringway-perf --bin snapshot-bench`
+//! Run: `cargo bench -p ringway-controlplane --bench snapshot-bench`
 //! (`-- --quick` for fewer repetitions).
 
 use std::collections::BTreeMap;
@@ -15,11 +15,11 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use ringway_benchkit::{fmt_dur, live_bytes, median_duration as median, Counting};
 use ringway_controlplane::model::snapshot::{Snapshot, SnapshotDelta};
 use ringway_controlplane::model::{
     Locality, NetworkAddress, PortMapping, Service, TunnelProtocol, Workload,
 };
-use ringway_perf::microbench::{fmt_dur, live_bytes, median, Counting};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -138,7 +138,7 @@ fn per_lookup<K>(keys: &[K], rounds: usize, mut f: impl FnMut(&K) -> usize) -> f
         black_box(hits);
         samples.push(start.elapsed());
     }
-    median(samples).as_nanos() as f64 / keys.len() as f64
+    median(&samples).as_nanos() as f64 / keys.len() as f64
 }
 
 struct Row {
@@ -227,7 +227,7 @@ fn measure(n: usize, quick: bool) -> Row {
         samples.push(start.elapsed());
         drop(black_box(built));
     }
-    let build = median(samples);
+    let build = median(&samples);
 
     let (upsert_new, upsert_move, remove) = measure_deltas(&snap, n, deltas);
     let hot = lookups(&snap, n, 4096, lookup_rounds);
@@ -265,7 +265,7 @@ fn measure_deltas(snap: &Snapshot, n: usize, runs: usize) -> (Duration, Duration
             assert!(out.rejected.is_empty(), "{:?}", out.rejected[0].error);
             drop(black_box(out));
         }
-        median(samples)
+        median(&samples)
     };
     let upsert_new = time(&mut |i| SnapshotDelta {
         upsert_workloads: vec![workload(n + i, 1)],
@@ -314,7 +314,7 @@ fn measure_big_service(
         assert!(out.rejected.is_empty());
         drop(black_box(out));
     }
-    median(samples)
+    median(&samples)
 }
 
 fn main() {

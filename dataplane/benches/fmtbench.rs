@@ -2,11 +2,13 @@
 //! events shaped like ringway's access line through the ztunnel-shaped
 //! formatter into a sink (no I/O).
 //!
-//!     cargo run --release -p ringway-dataplane --example fmtbench -- json|text
+//!     cargo bench -p ringway-dataplane --bench fmtbench -- json|text
 
 use std::time::Instant;
+
 fn main() {
-    let json = std::env::args().nth(1).as_deref() == Some("json");
+    // `cargo bench` adds `--bench` to the arguments.
+    let json = std::env::args().any(|a| a == "json");
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .event_format(ringway_dataplane::telemetry::logfmt::ZtunnelFormat { json })

@@ -28,7 +28,7 @@
 //!
 //! Prints a Markdown table, then one line of JSON.
 //!
-//! Run: `cargo run --release -p ringway-perf --bin authz-bench`
+//! Run: `cargo bench -p ringway-controlplane --bench authz-bench`
 //! (`-- --quick` for fewer, shorter rounds; `-- --policies N` for another
 //! policy count, e.g. one whose compiled form fits in the CPU caches).
 
@@ -36,6 +36,9 @@ use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use ringway_benchkit::{
+    fmt_dur, fmt_ns, live_bytes, median, median_duration, ns_per_call, Counting,
+};
 use ringway_controlplane::model::authz::reference::{self, RefVerdict};
 use ringway_controlplane::model::authz::{Conn, Verdict};
 use ringway_controlplane::model::snapshot::Snapshot;
@@ -43,7 +46,6 @@ use ringway_controlplane::model::{
     Cidr, Clause, Match, Policy, PolicyAction, PolicyScope, Rule, StringMatch, Workload,
 };
 use ringway_controlplane::Identity;
-use ringway_perf::microbench::{fmt_dur, fmt_ns, live_bytes, median, ns_per_call, Counting};
 use serde_json::json;
 
 #[global_allocator]
@@ -177,7 +179,7 @@ fn same(v: &Verdict<'_>, r: &RefVerdict) -> bool {
 }
 
 fn median_ns(v: &[f64]) -> f64 {
-    ringway_perf::stats::median(v).expect("at least one round")
+    median(v).expect("at least one round")
 }
 
 fn measure(snap: &Snapshot, shape: &Shape, peer: &Identity, s: &Settings) -> Row {
@@ -274,7 +276,7 @@ fn measure_build(policies: &[Policy], builds: usize) -> Build {
     let snapshot_bytes = live_bytes() - base;
     drop(snap);
     Build {
-        time: median(samples),
+        time: median_duration(&samples),
         payload_bytes,
         snapshot_bytes,
     }

@@ -1,8 +1,10 @@
-//! What the in-process benchmarks (`src/bin/*-bench.rs`) share: a counting
-//! global allocator (exact heap bytes instead of sampled RSS), medians of
-//! timings and their formatting.
+//! What ringway's in-process benchmarks share (the `benches/` of the
+//! crates they measure, and perf's `scale-bench`): a counting global
+//! allocator (exact heap bytes instead of sampled RSS), batch timing,
+//! medians and their formatting. No dependencies, so any crate can take it
+//! as a dev-dependency.
 //!
-//! A benchmark binary installs the allocator itself:
+//! A benchmark installs the allocator itself:
 //! `#[global_allocator] static ALLOCATOR: Counting = Counting;`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -22,26 +24,28 @@ fn grow(by: isize) {
 /// The system allocator, counting the bytes it hands out.
 pub struct Counting;
 
-// SAFETY: every call is passed on to the system allocator unchanged; only a count is kept beside it.
+// SAFETY: every method forwards to the system allocator with the caller's
+// arguments unchanged; the counting on the side touches only atomics.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grow(layout.size() as isize);
-        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         grow(layout.size() as isize);
-        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
+        // SAFETY: as for `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
+        // SAFETY: `ptr` came from this allocator (so from `System`) with
+        // `layout`, as the caller guarantees.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         grow(new_size as isize - layout.size() as isize);
-        // SAFETY: the caller's contract for this GlobalAlloc call, passed on as is.
+        // SAFETY: as for `dealloc`; `new_size` is the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -61,10 +65,24 @@ pub fn reset_peak() {
     PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
-/// The middle sample (the upper one of an even count).
-pub fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
+/// The median of the finite values (the mean of the middle two of an even
+/// count); None without any. Results are medians over rounds: the machine
+/// is shared and noisy.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    match v.len() {
+        0 => None,
+        n if n.is_multiple_of(2) => Some((v[mid - 1] + v[mid]) / 2.0),
+        _ => Some(v[mid]),
+    }
+}
+
+/// [`median`] of durations (at least one).
+pub fn median_duration(v: &[Duration]) -> Duration {
+    let secs: Vec<f64> = v.iter().map(Duration::as_secs_f64).collect();
+    Duration::from_secs_f64(median(&secs).expect("at least one sample"))
 }
 
 /// "1.2 ms", "3.4 µs", "56 ns".
@@ -109,12 +127,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn formatting_and_medians() {
+    fn medians() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0]), Some(3.0));
+        assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[f64::NAN, 2.0]), Some(2.0));
+        let ms = Duration::from_millis;
+        assert_eq!(median_duration(&[ms(3), ms(1), ms(2)]), ms(2));
+    }
+
+    #[test]
+    fn formatting() {
         assert_eq!(fmt_ns(56.4), "56 ns");
         assert_eq!(fmt_ns(3_400.0), "3.4 µs");
         assert_eq!(fmt_dur(Duration::from_micros(1_240)), "1.2 ms");
-        let ms = Duration::from_millis;
-        assert_eq!(median(vec![ms(3), ms(1), ms(2)]), ms(2));
     }
 
     #[test]

@@ -327,9 +327,13 @@ fn a_hundred_pods_come_and_go_without_leaking() {
     let pause = |on: bool| {
         if on {
             state.store(PAUSE, Ordering::Release);
-            while state.load(Ordering::Acquire) != PAUSED {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            common::wait_for("the pair's traffic to pause", common::PATIENCE, || {
+                match state.load(Ordering::Acquire) {
+                    PAUSED => Ok(()),
+                    // Still finishing an exchange (or it failed: joined below).
+                    s => Err(format!("state {s}")),
+                }
+            });
         } else {
             state.store(RUN, Ordering::Release);
         }

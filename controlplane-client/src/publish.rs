@@ -221,16 +221,33 @@ mod tests {
     }
 
     /// The feed is awaited on a thread with no tokio runtime (as on a data-plane
-    /// core) while another thread publishes.
+    /// core) while another thread publishes. Each publish comes once the
+    /// reader is really waiting (its `changed` polled and pending), so that
+    /// it is the publish's wake-up that ends the wait.
     #[test]
     fn feed_wakes_on_publish_from_another_thread() {
+        use std::future::Future;
         let publisher = SnapshotPublisher::new();
         let mut feed = publisher.subscribe();
+        let (waiting_tx, waiting) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             futures_lite::future::block_on(async {
                 let mut seen = Vec::new();
                 loop {
-                    feed.changed().await.expect("publisher alive");
+                    {
+                        let mut changed = std::pin::pin!(feed.changed());
+                        let mut told = false;
+                        std::future::poll_fn(|cx| {
+                            let r = changed.as_mut().poll(cx);
+                            if r.is_pending() && !told {
+                                told = true;
+                                waiting_tx.send(()).unwrap();
+                            }
+                            r
+                        })
+                        .await
+                        .expect("publisher alive");
+                    }
                     let snap = feed.current();
                     seen.push(snap.version());
                     if snap.workload_by_uid("last").is_some() {
@@ -244,17 +261,18 @@ mod tests {
                 seen
             })
         });
-        std::thread::sleep(Duration::from_millis(20));
+        let reader_waits = || {
+            waiting
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the reader waits on the feed")
+        };
+        reader_waits();
         publisher.publish(one_workload("first"));
-        std::thread::sleep(Duration::from_millis(20));
+        reader_waits();
         let last = publisher.publish(one_workload("last"));
         drop(publisher);
         let seen = reader.join().unwrap();
-        assert_eq!(*seen.last().unwrap(), last);
-        assert!(
-            seen.windows(2).all(|w| w[0] < w[1]),
-            "versions only grow: {seen:?}"
-        );
+        assert_eq!(seen, [last - 1, last], "one wake-up per publish");
     }
 
     #[test]

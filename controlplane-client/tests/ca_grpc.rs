@@ -579,12 +579,29 @@ struct SlowSource {
     inner: BuiltinCaSource,
     delay: Duration,
     started: Mutex<Vec<Identity>>,
+    /// When set, each fetch also waits for a permit from it: the test
+    /// decides when fetches may end.
+    gate: Option<tokio::sync::Semaphore>,
+}
+
+impl SlowSource {
+    fn new(ca: Arc<BuiltinCa>, delay: Duration, gated: bool) -> Self {
+        SlowSource {
+            inner: BuiltinCaSource::new(ca, Duration::from_secs(3600)),
+            delay,
+            started: Mutex::default(),
+            gate: gated.then(|| tokio::sync::Semaphore::new(0)),
+        }
+    }
 }
 
 impl CertSource for SlowSource {
     async fn fetch(&self, id: &Identity) -> Result<WorkloadCert, CertFetchError> {
         self.started.lock().unwrap().push(id.clone());
         tokio::time::sleep(self.delay).await;
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.expect("gate open").forget();
+        }
         self.inner.fetch(id).await
     }
 }
@@ -593,11 +610,7 @@ impl CertSource for SlowSource {
 async fn an_urgent_request_jumps_the_prefetch_queue() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = builtin_ca(tmp.path());
-    let source = Arc::new(SlowSource {
-        inner: BuiltinCaSource::new(ca, Duration::from_secs(3600)),
-        delay: Duration::from_millis(300),
-        started: Mutex::default(),
-    });
+    let source = Arc::new(SlowSource::new(ca, Duration::ZERO, true));
     let workloads = ["a", "b", "c", "d"]
         .iter()
         .enumerate()
@@ -611,7 +624,9 @@ async fn an_urgent_request_jumps_the_prefetch_queue() {
     };
     let mut m = start_manager(source.clone(), workloads, config);
 
-    // "a" is being fetched, b, c, d wait; then a core wants "d".
+    // "a" is being fetched (held at the gate), b, c, d wait; then a core
+    // wants "d", and only then may fetches end: the manager takes in
+    // requests before it starts the next fetch.
     tokio::time::timeout(Duration::from_secs(5), async {
         while source.started.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -620,6 +635,7 @@ async fn an_urgent_request_jumps_the_prefetch_queue() {
     .await
     .unwrap();
     m.requests.send(id("ns", "d")).unwrap();
+    source.gate.as_ref().unwrap().add_permits(4);
 
     let all = wait_for(&mut m.feed, "all four", |s| s.len() == 4).await;
     let order: Vec<String> = source
@@ -639,11 +655,7 @@ async fn an_urgent_request_jumps_the_prefetch_queue() {
 async fn a_core_waits_for_a_certificate_without_a_runtime() {
     let tmp = tempfile::tempdir().unwrap();
     let ca = builtin_ca(tmp.path());
-    let source = Arc::new(SlowSource {
-        inner: BuiltinCaSource::new(ca, Duration::from_secs(3600)),
-        delay: Duration::from_millis(100),
-        started: Mutex::default(),
-    });
+    let source = Arc::new(SlowSource::new(ca, Duration::from_millis(100), false));
     let m = start_manager(source, vec![], CertManagerConfig::default());
 
     /// Runs `wait_for_cert` on a plain thread with a `deadline`-long timer.

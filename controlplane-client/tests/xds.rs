@@ -46,6 +46,8 @@ struct TestServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// What the server's thread logs (its tracing events, as text).
+    log: tempfile::NamedTempFile,
 }
 
 impl TestServer {
@@ -56,7 +58,17 @@ impl TestServer {
     {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let writer = Arc::new(log.reopen().unwrap());
         let thread = std::thread::spawn(move || {
+            // The thread's own subscriber: what this server logs, and no
+            // other test's.
+            let _logging = tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_writer(writer)
+                    .with_ansi(false)
+                    .finish(),
+            );
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -77,11 +89,19 @@ impl TestServer {
             addr,
             stop: Some(stop_tx),
             thread: Some(thread),
+            log,
         }
     }
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Whether the server has logged a line containing `text`.
+    fn logged(&self, text: &str) -> bool {
+        std::fs::read_to_string(self.log.path())
+            .unwrap()
+            .contains(text)
     }
 
     fn stop(mut self) {
@@ -551,10 +571,25 @@ async fn file_edits_reach_the_client_as_deltas() {
         "one snapshot per pushed response (Address, Authorization)"
     );
 
-    // A broken edit is refused by the server: nothing is pushed.
+    // A broken edit is refused by the server: nothing is pushed. Shown once
+    // the server has logged the refusal and a later good edit has arrived
+    // (the stream is in order: a push for the broken one would come first).
     replace_file(&path, "workloads: [ {uid: x} ]");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(client.publisher.version(), before + 2);
+    eventually("the server to refuse the broken edit", || {
+        server.logged("rejected config")
+    })
+    .await;
+    replace_file(&path, MESH);
+    eventually("the edit back arrived", || {
+        let s = client.publisher.current();
+        s.workload_by_uid("cluster1//v1/Pod/default/b").is_some() && s.policy_count() == 1
+    })
+    .await;
+    assert_eq!(
+        client.publisher.version(),
+        before + 4,
+        "nothing for the broken edit, one snapshot per response for the good ones"
+    );
     assert!(client.status.is_connected());
     server.stop();
 }

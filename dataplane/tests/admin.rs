@@ -58,15 +58,14 @@ fn config_dump_lists_what_was_loaded_and_the_certificates() {
     let certs = dump["certificates"].as_array().unwrap();
     assert_eq!(certs.len(), 1, "{certs:?}");
     assert_eq!(certs[0]["identity"], CLIENT_ID);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut state = certs[0]["state"].clone();
-    while state != "Available" && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
+    common::wait_for("the certificate to be available", common::PATIENCE, || {
         let (_, body) = rw.http_get("admin", "/config_dump");
         let d: serde_json::Value = serde_json::from_str(&body).unwrap();
-        state = d["certificates"][0]["state"].clone();
-    }
-    assert_eq!(state, "Available");
+        match &d["certificates"][0]["state"] {
+            s if s == "Available" => Ok(()),
+            s => Err(s.clone()),
+        }
+    });
     assert_eq!(dump["config"]["localNode"], "node-a");
     assert!(dump["version"]["snapshotVersion"].as_u64().unwrap() > 0);
 
@@ -77,17 +76,16 @@ fn config_dump_lists_what_was_loaded_and_the_certificates() {
     assert!(cores["cores"][0]["openConnections"].is_u64(), "{cores}");
     // The core's own loops (accepting, following the config, reaping) are
     // tasks too; the gauges are copied once a second.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    let cores = common::wait_for("the first copy of the task gauge", common::PATIENCE, || {
         let (_, cores) = rw.http_get("admin", "/cores");
         let cores: serde_json::Value = serde_json::from_str(&cores).unwrap();
         if cores["cores"][0]["tasks"].as_u64().unwrap() >= 3 {
-            assert!(cores["cores"][0]["pipesHeld"].is_u64(), "{cores}");
-            break;
+            Ok(cores)
+        } else {
+            Err(cores)
         }
-        assert!(std::time::Instant::now() < deadline, "{cores}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
+    assert!(cores["cores"][0]["pipesHeld"].is_u64(), "{cores}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{in_netns, NetNs, Ringway};
+use common::{in_netns, NetNs, Ringway, PATIENCE};
 
 fn devcp_bin() -> PathBuf {
     let p = Path::new(common::ringway_bin()).with_file_name("ringway-devcp");
@@ -115,15 +115,18 @@ impl Rig {
             .spawn()
             .unwrap();
         self.devcp = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !(self.root().exists()
-            && in_netns(&self.ns.name, || {
-                TcpStream::connect("127.0.0.1:15012").is_ok()
-            }))
-        {
-            assert!(Instant::now() < deadline, "ringway-devcp did not start");
-            thread::sleep(Duration::from_millis(50));
-        }
+        let log = self.dir.path().join("devcp.log");
+        common::wait_for("ringway-devcp to serve", PATIENCE, || {
+            if self.root().exists()
+                && in_netns(&self.ns.name, || {
+                    TcpStream::connect("127.0.0.1:15012").is_ok()
+                })
+            {
+                Ok(())
+            } else {
+                Err(common::FileText(&log))
+            }
+        });
     }
 
     fn stop_devcp(&mut self) {
@@ -185,15 +188,10 @@ fn readiness(ns: &NetNs, rw: &Ringway) -> Option<u16> {
 }
 
 fn wait_ready(ns: &NetNs, rw: &Ringway) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while readiness(ns, rw) != Some(200) {
-        assert!(
-            Instant::now() < deadline,
-            "never ready; logs: {:#?}",
-            rw.logs()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for("readiness", PATIENCE, || match readiness(ns, rw) {
+        Some(200) => Ok(()),
+        other => Err(format!("{other:?}; {}", common::FileText(&rw.log_path))),
+    })
 }
 
 #[test]
@@ -216,14 +214,12 @@ fn config_from_xds_deltas_and_control_plane_down() {
 
     // An edit on the control plane arrives as a delta.
     std::fs::write(&rig.config, mesh(9302)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap() != "second" {
-        assert!(
-            Instant::now() < deadline,
-            "the pushed delta was not applied"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_for("the pushed delta to be applied", PATIENCE, || {
+        match rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap() {
+            got if got == "second" => Ok(()),
+            got => Err(got),
+        }
+    });
 
     // HBONE between the two mesh workloads, certificates from the CA client.
     rig.ns.enter(|| serve_tag("127.0.0.2:9303", "over-hbone"));
@@ -275,9 +271,27 @@ fn config_from_xds_deltas_and_control_plane_down() {
     assert_eq!(count("1"), count("+Inf"), "{scrape}");
 
     // The control plane goes away: the last snapshot and the certificates
-    // keep serving new connections.
+    // keep serving new connections. Not merely before ringway notices:
+    // once its xDS client has failed to reconnect.
+    let failed_reconnects = || {
+        rw.logs()
+            .iter()
+            .filter(|l| {
+                l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("xDS connection failed"))
+            })
+            .count()
+    };
+    let before = failed_reconnects();
     rig.stop_devcp();
-    thread::sleep(Duration::from_millis(300));
+    common::wait_for("a failed xDS reconnect", PATIENCE, || {
+        if failed_reconnects() > before {
+            Ok(())
+        } else {
+            Err(common::FileText(&rw.log_path))
+        }
+    });
     assert_eq!(
         rig.ns.enter(|| ask_from(CLIENT, "127.10.0.1:80")).unwrap(),
         "second"

@@ -236,6 +236,25 @@ fn open_fds(pid: i32) -> usize {
         .count()
 }
 
+/// The network namespaces (`net:[inode]`) that descriptors of `pid` hold.
+fn netns_held(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|target| target.to_string_lossy().into_owned())
+        .filter(|target| target.starts_with("net:["))
+        .collect()
+}
+
+/// How a descriptor of a namespace handle reads (`net:[inode]`).
+fn netns_link(ns: &NetNs) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(format!("/run/netns/{}", ns.name))
+        .unwrap_or_else(|e| panic!("{}: {e}", ns.name))
+        .ino();
+    format!("net:[{ino}]")
+}
+
 fn rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -308,15 +327,20 @@ fn a_hundred_pods_come_and_go_without_leaking() {
     let pause = |on: bool| {
         if on {
             state.store(PAUSE, Ordering::Release);
-            while state.load(Ordering::Acquire) != PAUSED {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            common::wait_for("the pair's traffic to pause", common::PATIENCE, || {
+                match state.load(Ordering::Acquire) {
+                    PAUSED => Ok(()),
+                    // Still finishing an exchange (or it failed: joined below).
+                    s => Err(format!("state {s}")),
+                }
+            });
         } else {
             state.store(RUN, Ordering::Release);
         }
     };
 
     let pid = rw.pid();
+    let churned: std::collections::HashSet<String> = pods.iter().map(netns_link).collect();
     let mut after_round = Vec::new();
     for round in 0..3 {
         for (i, p) in pods.iter().enumerate() {
@@ -332,11 +356,41 @@ fn a_hundred_pods_come_and_go_without_leaking() {
             assert_eq!(conn.del(&format!("churn-{i}")), "", "round {round} del {i}");
         }
         // Listener closing is acked; namespace handles go when the last
-        // core lets go of the pod (its drain task): give it the drain
-        // time, and the pair's last connection time to close.
+        // core lets go of the pod (its drain task): wait until ringway
+        // holds none of the removed pods' namespaces, and the pair's last
+        // connection has closed, then count (twice, to be sure nothing
+        // was still closing in between).
         pause(true);
-        std::thread::sleep(Duration::from_millis(1500));
-        let fds = open_fds(pid);
+        let fds = common::wait_for(
+            "the removed pods' drains and the pair's last connection",
+            common::PATIENCE,
+            || {
+                // Idle, the pair still has its pooled tunnels: each counts as
+                // one open connection at its accepting end.
+                let open: u64 = rw.per_core("ringway_core_open_connections").iter().sum();
+                let pooled: u64 = rw
+                    .per_core("ringway_core_hbone_pool_connections")
+                    .iter()
+                    .sum();
+                let before = open_fds(pid);
+                let held = netns_held(pid)
+                    .iter()
+                    .filter(|n| churned.contains(*n))
+                    .count();
+                let after = open_fds(pid);
+                if held > 0 {
+                    Err(format!("{held} removed pods' namespaces still held"))
+                } else if open != pooled {
+                    Err(format!(
+                        "{open} connections open, {pooled} of them pooled tunnels"
+                    ))
+                } else if before != after {
+                    Err(format!("descriptors changing: {before}, then {after}"))
+                } else {
+                    Ok(after)
+                }
+            },
+        );
         let rss = rss_kib(pid);
         pause(false);
         eprintln!(

@@ -11,9 +11,9 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::NetNs;
+use common::{NetNs, PATIENCE};
 use socket2::{Domain, SockRef, Socket, Type};
 
 const POD: &str = "10.77.0.1";
@@ -155,41 +155,34 @@ fn connect_ok(
     src: Option<SocketAddr>,
     mark: Option<u32>,
 ) -> TcpStream {
-    connect(ns, dst, src, mark, false, Duration::from_secs(5))
+    connect(ns, dst, src, mark, false, PATIENCE)
         .unwrap_or_else(|e| panic!("connect {dst} from {src:?} in {}: {e}", ns.name))
-}
-
-/// The next connection `l` accepts within `wait`, if any.
-fn accept_within(l: &TcpListener, wait: Duration) -> Option<(TcpStream, SocketAddr)> {
-    l.set_nonblocking(true).unwrap();
-    let deadline = Instant::now() + wait;
-    loop {
-        match l.accept() {
-            Ok((s, peer)) => {
-                s.set_nonblocking(false).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                return Some((s, peer));
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return None;
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
 }
 
 /// The connection `l` must accept now (after a connect has succeeded).
 fn accepted(l: &TcpListener, what: &str) -> (TcpStream, SocketAddr) {
-    accept_within(l, Duration::from_secs(5)).unwrap_or_else(|| panic!("{what}: nothing accepted"))
+    l.set_nonblocking(true).unwrap();
+    let (s, peer) = common::wait_for(&format!("{what}: a connection"), PATIENCE, || {
+        match l.accept() {
+            Err(e) if e.kind() != ErrorKind::WouldBlock => panic!("{what}: accept: {e}"),
+            r => r,
+        }
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    (s, peer)
 }
 
-/// Nothing more reaches `l` (what landed elsewhere did not also land here).
+/// Nothing reached `l`: what landed elsewhere did not also land here. No
+/// wait is needed to know: a connection completes at exactly one listener,
+/// and the test's connection has already been accepted elsewhere and
+/// carried bytes there, so anything here would be in `l`'s queue by now.
 fn nothing_on(l: &TcpListener, what: &str) {
-    if let Some((_, peer)) = accept_within(l, Duration::from_millis(200)) {
-        panic!("{what}: an unexpected connection from {peer}");
+    l.set_nonblocking(true).unwrap();
+    match l.accept() {
+        Ok((_, peer)) => panic!("{what}: an unexpected connection from {peer}"),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        Err(e) => panic!("{what}: accept: {e}"),
     }
 }
 
@@ -530,7 +523,7 @@ fn replies_to_a_transparent_connection_return_through_the_connmark() {
         connect(&p.pod, dst, Some(addr(PEER, port)), Some(MARK), true, wait)
     };
 
-    let mut up = upstream(Duration::from_secs(5)).expect("transparent connect to the app");
+    let mut up = upstream(PATIENCE).expect("transparent connect to the app");
     let mut seen = String::new();
     up.read_to_string(&mut seen).unwrap();
     assert_eq!(seen, PEER, "the application saw the client's address");
@@ -552,7 +545,11 @@ fn replies_to_a_transparent_connection_return_through_the_connmark() {
         "lookup",
         "100",
     ]);
-    match upstream(Duration::from_millis(1500)) {
+    // Nothing can show that a reply will never come home; a connect that
+    // works completes in a millisecond here, so one that has not in this
+    // window is one that will not.
+    const NO_REPLY_WINDOW: Duration = Duration::from_millis(1500);
+    match upstream(NO_REPLY_WINDOW) {
         Ok(_) => panic!("without the fwmark rule the replies should leave the pod"),
         Err(e) => assert!(
             matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock),
@@ -561,7 +558,7 @@ fn replies_to_a_transparent_connection_return_through_the_connmark() {
     }
     // A re-run puts it back.
     p.rules(&[]);
-    let mut up = upstream(Duration::from_secs(5)).expect("transparent connect after re-run");
+    let mut up = upstream(PATIENCE).expect("transparent connect after re-run");
     let mut seen = String::new();
     up.read_to_string(&mut seen).unwrap();
     assert_eq!(seen, PEER);

@@ -24,9 +24,11 @@ fn listens(pod: &Pod) -> bool {
     connect_marked(pod, &format!("{}:15008", pod.ip)).is_ok()
 }
 
-/// ztunnel acks asynchronously to its listeners coming up: poll briefly.
+/// ztunnel acks asynchronously to its listeners coming up: poll until the
+/// pod listens as wanted (false: it never did, within the patience of
+/// every wait).
 fn settles(pod: &Pod, want: bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + common::PATIENCE;
     loop {
         if listens(pod) == want {
             return true;
@@ -334,13 +336,12 @@ fn pods_on_ringway_and_ztunnel_talk_both_ways() {
     );
 
     // And ztunnel saw ringway's pod's identity on its inbound side.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !zt.log().contains(&spiffe("ns", "sa-one")) {
-        assert!(
-            Instant::now() < deadline,
-            "ztunnel never logged sa-one's identity:\n{}",
-            zt.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for("ztunnel to log sa-one's identity", common::PATIENCE, || {
+        let log = zt.log();
+        if log.contains(&spiffe("ns", "sa-one")) {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    });
 }

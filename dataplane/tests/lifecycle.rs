@@ -11,7 +11,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::NetNs;
+use common::{NetNs, PATIENCE};
 
 const LISTEN_ANY_PORT: [&str; 8] = [
     "--readiness-addr",
@@ -143,23 +143,19 @@ fn vip_routing_and_bad_edit_keeps_last_good_snapshot() {
 
     // A broken edit: logged, and the previous snapshot keeps routing.
     std::fs::write(&cfg, "workloads:\n- uid: [oops\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !rw.logs().iter().any(|l| l["level"] == "error") {
-        assert!(Instant::now() < deadline, "the bad edit was not reported");
-        thread::sleep(Duration::from_millis(50));
-    }
+    rw.wait_log("the bad edit's report", |l| l["level"] == "error");
     assert_eq!(through_vip().unwrap(), "first");
 
     // A good edit takes effect.
     std::fs::write(&cfg, vip_config(9102)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if through_vip().unwrap() == "second" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the good edit was not applied");
-        thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for(
+        "the good edit to be applied",
+        PATIENCE,
+        || match through_vip().unwrap() {
+            got if got == "second" => Ok(()),
+            got => Err(got),
+        },
+    );
 
     // An HBONE workload is never reached in plaintext.
     let r = ns.enter(|| {
@@ -206,11 +202,14 @@ fn sigterm_drains_open_connections_then_exits() {
     rw.signal(libc::SIGTERM);
     // New connections are no longer accepted (the capture rule leads to a
     // closed port: connect is refused)...
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::in_netns(&ns_name, || TcpStream::connect("127.0.0.1:9201").is_ok()) {
-        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
-        thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_for(
+        "new connections to be refused",
+        PATIENCE,
+        || match common::in_netns(&ns_name, || TcpStream::connect("127.0.0.1:9201")) {
+            Ok(_) => Err("still accepting after SIGTERM"),
+            Err(_) => Ok(()),
+        },
+    );
     // ...but the open one still works in both directions.
     let mut client = client;
     client.write_all(b"during").unwrap();

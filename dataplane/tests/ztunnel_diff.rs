@@ -625,7 +625,8 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
     let mut details = String::new();
     // Both proxies write a connection's line when it ends, a moment after
     // the probe saw the end (ringway's from its log-writer thread): wait
-    // until every probe has its line on both sides, or 5 s.
+    // until every probe has its line on both sides (a missing line is a
+    // difference, reported below with the rest).
     let logged = |rw_log: &str, zt_text: &str| {
         probes.iter().all(|p| {
             rw_log
@@ -636,7 +637,7 @@ fn run(rig: &Rig, n: usize, s: &Scenario) -> Outcome {
                     .any(|l| p.related(l) && ztunnel_access(l).is_some())
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + common::PATIENCE;
     let (rw_log, zt_text) = loop {
         let (rw_log, zt_text) = (
             std::fs::read_to_string(&rw.log_path).unwrap_or_default(),

@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::zds::Agent;
 use super::{NetNs, Ringway};
@@ -144,19 +144,14 @@ pub fn round_trip(s: &mut TcpStream, msg: &str) -> String {
 }
 
 pub fn wait_ready(rw: &Ringway, want: bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    super::wait_for(&format!("readiness ready={want}"), super::PATIENCE, || {
         let (status, _) = rw.http_get("readiness", "/healthz/ready");
         if status.contains(" 200 ") == want {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{status}; {}", super::FileText(&rw.log_path)))
         }
-        assert!(
-            Instant::now() < deadline,
-            "readiness stayed {status}, wanted ready={want}; log:\n{}",
-            std::fs::read_to_string(&rw.log_path).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }
 
 pub fn spiffe(ns: &str, sa: &str) -> String {

@@ -20,6 +20,59 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// How long a test waits for something that must happen. Far longer than
+/// any passing run needs, so that only a real failure reaches it, even on
+/// a loaded two-core machine; a passing wait returns as soon as its
+/// condition holds, so this costs nothing then.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits for a condition instead of sleeping for a guess: calls `probe`
+/// until it returns `Ok`, and returns that value. Past `within` it fails
+/// the test, naming `what` and the last `Err` (what the probe saw instead).
+/// The pause between tries starts at 1 ms and doubles up to 50 ms, so a
+/// quick condition is seen at once and a slow one costs little.
+pub fn wait_for<T, E: std::fmt::Display>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<T, E>,
+) -> T {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("gave up after {within:?} waiting for {what}; last seen: {e}")
+            }
+            Err(_) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Log lines as a wait's "last seen", one JSON object a line; formatted
+/// only if the wait fails.
+pub struct JsonLines(pub Vec<serde_json::Value>);
+
+impl std::fmt::Display for JsonLines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{} lines:", self.0.len())?;
+        self.0.iter().try_for_each(|l| writeln!(f, "{l}"))
+    }
+}
+
+/// A text file as a wait's "last seen": read only if the wait fails.
+pub struct FileText<'a>(pub &'a Path);
+
+impl std::fmt::Display for FileText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = std::fs::read_to_string(self.0).unwrap_or_default();
+        write!(f, "{}:\n{text}", self.0.display())
+    }
+}
+
 /// Fails loudly (never skips) unless this is root with `ip` and `nft`.
 pub fn require_root() {
     if let Err(e) = ringway_rig::require_root("this test") {
@@ -193,19 +246,8 @@ impl Ringway {
             .stderr(File::create(dir.path().join("stderr.txt")).unwrap());
         configure(&mut cmd);
         let mut child = cmd.spawn().expect("spawn ringway");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(text) = std::fs::read_to_string(&addrs) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                    return Ringway {
-                        child: Some(child),
-                        dir,
-                        log_path,
-                        listeners: v,
-                        netns: netns.map(str::to_owned),
-                    };
-                }
-            }
+        // It writes the file once every listener is bound.
+        let listeners = wait_for("ringway to bind its listeners", PATIENCE, || {
             if let Some(status) = child.try_wait().unwrap() {
                 let err =
                     std::fs::read_to_string(dir.path().join("stderr.txt")).unwrap_or_default();
@@ -214,8 +256,15 @@ impl Ringway {
                     std::fs::read_to_string(&log_path).unwrap_or_default()
                 );
             }
-            assert!(Instant::now() < deadline, "ringway did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
+            let text = std::fs::read_to_string(&addrs).map_err(|e| format!("{addrs:?}: {e}"))?;
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("{text:?}: {e}"))
+        });
+        Ringway {
+            child: Some(child),
+            dir,
+            log_path,
+            listeners,
+            netns: netns.map(str::to_owned),
         }
     }
 
@@ -259,19 +308,9 @@ impl Ringway {
 
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
         let child = self.child.as_mut().unwrap();
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ringway did not exit within {within:?}; log:\n{}",
-                std::fs::read_to_string(&self.log_path).unwrap_or_default()
-            );
-            let _ = &self.dir;
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for("ringway to exit", within, || {
+            child.try_wait().unwrap().ok_or(FileText(&self.log_path))
+        })
     }
 
     /// What ringway wrote to stderr (panics, fatal errors).
@@ -299,35 +338,59 @@ impl Ringway {
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(l) = self.logs().into_iter().find(|l| pred(l)) {
-                return l;
+        wait_for(&format!("a log line for {what}"), PATIENCE, || {
+            let logs = self.logs();
+            match logs.iter().find(|l| pred(l)) {
+                Some(l) => Ok(l.clone()),
+                None => Err(JsonLines(logs)),
             }
-            assert!(
-                Instant::now() < deadline,
-                "no log line for {what}: {:#?}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        })
     }
 
     /// Waits until at least `n` access-log lines exist.
     pub fn wait_access_logs(&self, n: usize) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        wait_for(&format!("{n} access-log lines"), PATIENCE, || {
             let logs = self.access_logs();
             if logs.len() >= n {
-                return logs;
+                Ok(logs)
+            } else {
+                Err(JsonLines(logs))
             }
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} access logs, have {}: {logs:#?}",
-                logs.len()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
+    }
+
+    /// One per-core series of its scrape (e.g. `ringway_core_open_connections`):
+    /// the value for each core, in core order.
+    pub fn per_core(&self, name: &str) -> Vec<u64> {
+        let (status, scrape) = self.http_get("stats", "/metrics");
+        assert!(status.contains(" 200 "), "{status}");
+        let prefix = format!("{name}{{core=\"");
+        let values: Vec<u64> = scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|rest| {
+                let value = rest.rsplit(' ').next().unwrap();
+                value
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{name}: {rest}: {e}"))
+            })
+            .collect();
+        assert!(!values.is_empty(), "no {name} in\n{scrape}");
+        values
+    }
+
+    /// Waits until no connection is open on any core: every connection so
+    /// far has ended (each queues its access-log line as it ends, a moment
+    /// after it stops counting as open).
+    pub fn wait_idle(&self) {
+        wait_for("no open connection on any core", PATIENCE, || {
+            let open = self.per_core("ringway_core_open_connections");
+            if open.iter().all(|&n| n == 0) {
+                Ok(())
+            } else {
+                Err(format!("open per core: {open:?}"))
+            }
+        })
     }
 }
 

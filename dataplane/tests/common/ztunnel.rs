@@ -12,7 +12,6 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The ztunnel binary, or `None` (after a loud line on stderr) when
 /// `RINGWAY_ZTUNNEL=absent`. `test` names the caller in that line.
@@ -111,26 +110,11 @@ impl Ztunnel {
         };
         // It logs "ready" before it reads the file: wait for the file, then
         // for readiness (all listeners bound).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = z.log();
-            if text.contains("local config initialized") && text.contains("marking server ready") {
-                return z;
-            }
-            if let Some(status) = z.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "ztunnel exited ({status}) on {}:\n{text}\n{}",
-                    config.display(),
-                    std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ztunnel did not come up within 30 s on {}:\n{text}",
-                config.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        z.wait_up(
+            &format!("ztunnel to come up on {}", config.display()),
+            &["local config initialized", "marking server ready"],
+        );
+        z
     }
 
     /// Starts `bin proxy` in `netns` in shared in-pod mode: pods come from
@@ -166,21 +150,30 @@ impl Ztunnel {
             child: Some(child),
             log_path: log.to_path_buf(),
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = z.log();
-            if text.contains("local config initialized") && text.contains("in-pod mode enabled") {
-                return z;
+        z.wait_up(
+            "ztunnel (in-pod) to come up",
+            &["local config initialized", "in-pod mode enabled"],
+        );
+        z
+    }
+
+    /// Waits until its log has every one of `lines`; fails at once if it
+    /// exits.
+    fn wait_up(&mut self, what: &str, lines: &[&str]) {
+        super::wait_for(what, super::PATIENCE, || {
+            let text = self.log();
+            if lines.iter().all(|l| text.contains(l)) {
+                return Ok(());
             }
-            if let Some(status) = z.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("ztunnel (in-pod) exited ({status}):\n{text}");
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "{what}: ztunnel exited ({status}):\n{text}\n{}",
+                    std::fs::read_to_string(self.log_path.with_extension("stderr"))
+                        .unwrap_or_default()
+                );
             }
-            assert!(
-                Instant::now() < deadline,
-                "ztunnel (in-pod) did not come up within 30 s:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            Err(text)
+        })
     }
 
     /// Its log so far.

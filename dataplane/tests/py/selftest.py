@@ -147,7 +147,10 @@ class ServerProc:
             recs = [json.loads(line) for line in f if line.strip()]
         return [r for r in recs if r.get("kind") == kind]
 
-    def wait_records(self, n, kind="stream", timeout=5.0):
+    def wait_records(self, n, kind="stream", timeout=30.0):
+        """The server's first n records of `kind`, once it has logged them
+        (returns early, so a generous timeout costs nothing; what it has
+        after the timeout, for the caller's check to report)."""
         end = time.monotonic() + timeout
         while True:
             recs = self.records(kind)

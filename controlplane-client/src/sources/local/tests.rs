@@ -787,7 +787,10 @@ fn content_digest_of_file_matches_bytes() {
     assert_ne!(ContentDigest::of(&bytes[1..]), ContentDigest::of(&bytes));
 }
 
-#[tokio::test]
+/// On tokio's paused clock: time moves only when every task waits, so
+/// "ten polls' worth" below is exactly ten polls of the watcher, however
+/// loaded the machine.
+#[tokio::test(start_paused = true)]
 async fn watch_file_publishes_good_edits_and_keeps_last_good() {
     use tokio::time::{sleep, timeout};
 
@@ -809,7 +812,8 @@ async fn watch_file_publishes_good_edits_and_keeps_last_good() {
     assert!(first.workload_by_addr("", ip("10.0.0.1")).is_some());
 
     write(&path, BAD);
-    // Many polls' worth: the bad edit must not replace the good snapshot.
+    // Ten polls' worth (each one reads the file): the bad edit must not
+    // replace the good snapshot.
     sleep(interval * 10).await;
     assert_eq!(feed.version(), 1);
     assert!(Arc::ptr_eq(&feed.current(), &first));

@@ -567,6 +567,32 @@ mod tests {
         p.slots.borrow().len()
     }
 
+    /// Lets the executor run (and reap) until `done` holds, for at most
+    /// ten seconds; panics naming `what` if it never does.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never happened: {what}"
+            );
+            timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The readiness bits `reg` holds, reaped and not consumed yet.
+    fn pending_bits(p: &Poller, reg: &Registration) -> u32 {
+        match reg.key.get().and_then(|k| {
+            p.slots.borrow().get(k).map(|s| match s {
+                Slot::Standing(st) => st.ready,
+                _ => 0,
+            })
+        }) {
+            Some(bits) => bits,
+            None => 0,
+        }
+    }
+
     /// One standing poll serves many waits: each wait sleeps until the peer
     /// writes again, and the poll is never re-armed in between.
     #[test]
@@ -609,13 +635,17 @@ mod tests {
             // Arm with a wait that the peer's write ends.
             theirs.write_all(b"x").unwrap();
             reg.ready(libc::POLLIN).await.unwrap();
-            // A second write lands while nobody waits...
+            // A second write lands while nobody waits, and is reaped...
             theirs.write_all(b"y").unwrap();
-            timer::sleep(Duration::from_millis(5)).await;
+            until("the second write's readiness is reaped", || {
+                pending_bits(&p, &reg) & libc::POLLIN as u32 != 0
+            })
+            .await;
             // ...and the next wait returns at once.
             let quick = timer::timeout(Duration::from_secs(1), reg.ready(libc::POLLIN)).await;
             assert!(matches!(quick, Ok(Ok(_))), "buffered event lost");
-            // Nothing new: the following wait must block.
+            // Nothing new: the following wait must block (an event kept
+            // twice would end it at once, so a short window shows it).
             let blocked = timer::timeout(Duration::from_millis(30), reg.ready(libc::POLLIN)).await;
             assert!(blocked.is_err(), "an event was delivered twice");
         });
@@ -649,7 +679,11 @@ mod tests {
             // Data and FIN together, then one wait consumes the wake-up.
             theirs.write_all(b"de").unwrap();
             theirs.shutdown(std::net::Shutdown::Write).unwrap();
-            timer::sleep(Duration::from_millis(5)).await;
+            let both = (libc::POLLIN | libc::POLLRDHUP) as u32;
+            until("the data and the FIN are reaped", || {
+                pending_bits(&p, &reg) & both == both
+            })
+            .await;
             timer::timeout(Duration::from_secs(1), reg.readable())
                 .await
                 .expect("data and FIN must end the wait")
@@ -752,13 +786,7 @@ mod tests {
                 .expect("EOF, not a timeout: the poll kept the socket open");
             assert_eq!(n, 0);
             // The cancellation completes; a reap frees the key.
-            for _ in 0..100 {
-                if slots_in_use(&p) == 0 {
-                    return;
-                }
-                timer::sleep(Duration::from_millis(2)).await;
-            }
-            panic!("the registration's slot was never freed");
+            until("the registration's slot is freed", || slots_in_use(&p) == 0).await;
         });
     }
 }

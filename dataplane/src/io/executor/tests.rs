@@ -129,6 +129,9 @@ fn dropping_a_handle_cancels_and_a_detached_task_runs_on() {
                 handleless.set(true);
             });
         }
+        // Timers fire in deadline order however loaded the machine: by the
+        // time this 40 ms one does, the 5 ms and 20 ms ones have had their
+        // turn, so this is no race with the scheduler.
         timer::sleep(Duration::from_millis(40)).await;
         assert!(!ran_on.get(), "a cancelled task ran");
         assert!(handleless.get(), "a detached task did not run");
@@ -186,7 +189,9 @@ fn a_panicking_detached_task_ends_alone() {
             timer::sleep(Duration::from_millis(5)).await;
             panic!("boom in a connection");
         });
-        // Another connection, and the core's own work, go on.
+        // Another connection, and the core's own work, go on. Its 20 ms
+        // timer fires after the panicking task's 5 ms one whatever the load
+        // (timers fire in deadline order), so the panic has happened by then.
         let other = spawn_local(async {
             timer::sleep(Duration::from_millis(20)).await;
             7

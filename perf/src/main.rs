@@ -133,9 +133,9 @@ enum Cmd {
         size: u32,
         #[arg(long, default_value_t = 64)]
         connections: usize,
-        /// Client threads (default: one per CPU, at most one per connection).
-        #[arg(long)]
-        threads: Option<usize>,
+        /// Client threads, each with an epoll loop (at most one per connection).
+        #[arg(long, default_value_t = rr_conc::DEFAULT_THREADS)]
+        threads: usize,
         /// Run this long (default 5s).
         #[arg(long, value_parser = parse_duration, conflicts_with = "requests")]
         duration: Option<std::time::Duration>,
@@ -236,7 +236,7 @@ fn main() -> anyhow::Result<()> {
             let params = rr_conc::Params {
                 size,
                 connections,
-                threads: threads.unwrap_or_else(|| rr_conc::default_threads(connections)),
+                threads,
                 limit: limit(duration, requests, 5),
             };
             client.run(move |d, p| rr_conc::run(d, params, p))?

@@ -88,8 +88,7 @@ pub struct SuiteArgs {
     #[arg(long, value_parser = parse_duration)]
     pub rr_conc_duration: Option<Duration>,
     /// rr-conc client threads, each driving its share of the connections
-    /// from one epoll loop (default: one per CPU, at most one per
-    /// connection).
+    /// from one epoll loop (default 1; at most one per connection).
     #[arg(long)]
     pub rr_conc_threads: Option<usize>,
     /// connect duration per run (default 5s; quick 1s).
@@ -319,7 +318,7 @@ impl Settings {
                             connections,
                             threads: a
                                 .rr_conc_threads
-                                .unwrap_or_else(|| rr_conc::default_threads(connections))
+                                .unwrap_or(rr_conc::DEFAULT_THREADS)
                                 .min(connections),
                             limit: Limit::Duration(pick(a.rr_conc_duration, 2_000, 500)),
                         }));

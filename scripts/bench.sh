@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs `ringway-perf suite`: throughput,
 # request/response latency, kernel work per request (CPU, system calls by
-# type, io_uring submissions, context switches), connect rate and
+# type, io_uring submissions, context switches), request/response over 1,
+# 16, 64 and 256 concurrent connections (rr-conc), connect rate and
 # idle-connection memory on direct TCP, ringway passthrough and ringway
 # HBONE, side by side, in a two-node network-namespace rig, after checking
 # the load generator against iperf3. Needs root. Results land in

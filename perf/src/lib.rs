@@ -1,8 +1,8 @@
 //! ringway-perf: reproducible, side-by-side performance numbers for
 //! ringway. Tests assert behaviour; this reports numbers.
 //!
-//! * scenarios: [`throughput`], [`rr`], [`connect`], [`idle`] (one module
-//!   each), driven through a [`dial::Dialer`] (direct, transparently
+//! * scenarios: [`throughput`], [`rr`], [`rr_conc`], [`connect`], [`idle`]
+//!   (one module each), driven through a [`dial::Dialer`] (direct, transparently
 //!   captured, or SOCKS5);
 //! * [`server`]: the sink / responder they talk to;
 //! * rigs: [`rig`] (namespaces, capture rules), [`supervise`] (every
@@ -14,6 +14,7 @@ pub mod calibrate;
 pub mod charts;
 pub mod connect;
 pub mod dial;
+pub mod epoll;
 pub mod http;
 pub mod idle;
 pub mod kernel;
@@ -25,6 +26,7 @@ pub mod procstat;
 pub mod report;
 pub mod rig;
 pub mod rr;
+pub mod rr_conc;
 pub mod scenario;
 pub mod server;
 pub mod socks5;

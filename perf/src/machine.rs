@@ -85,7 +85,12 @@ pub fn checkout(dir: &Path) -> (Option<String>, Option<bool>) {
 }
 
 fn ringway_build(bin: &Path) -> RingwayBuild {
-    let (commit, dirty) = checkout(bin.parent().unwrap_or(Path::new(".")));
+    // A binary under $CARGO_TARGET_DIR outside the checkout: the checkout
+    // we run from (scripts/bench.sh builds and runs from the repository).
+    let (commit, dirty) = match checkout(bin.parent().unwrap_or(Path::new("."))) {
+        (None, _) => checkout(Path::new(".")),
+        found => found,
+    };
     RingwayBuild {
         path: bin.display().to_string(),
         version: run(Command::new(bin).arg("--version")).unwrap_or_else(|| "unknown".into()),

@@ -8,7 +8,8 @@ use ringway_perf::procstat::Processes;
 use ringway_perf::rr::Limit;
 use ringway_perf::units::{parse_duration, parse_size};
 use ringway_perf::{
-    calibrate, connect, idle, kernel, passthrough, rig, rr, server, socks5, suite, throughput,
+    calibrate, connect, idle, kernel, passthrough, rig, rr, rr_conc, server, socks5, suite,
+    throughput,
 };
 use serde::Serialize;
 
@@ -122,6 +123,26 @@ enum Cmd {
         #[arg(long, requires = "proxy_pids")]
         count_kernel: bool,
     },
+    /// Request/response on C connections at once from a few epoll threads
+    /// (closed loop); requests/s, latency, the client threads' CPU.
+    RrConc {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Request and response size in bytes.
+        #[arg(long, default_value_t = 1)]
+        size: u32,
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// Client threads, each with an epoll loop (at most one per connection).
+        #[arg(long, default_value_t = rr_conc::DEFAULT_THREADS)]
+        threads: usize,
+        /// Run this long (default 5s).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "requests")]
+        duration: Option<std::time::Duration>,
+        /// Or stop after this many requests (all connections together).
+        #[arg(long)]
+        requests: Option<u64>,
+    },
     /// A new connection per request; connections/s, connect-to-first-byte.
     Connect {
         #[command(flatten)]
@@ -203,6 +224,22 @@ fn main() -> anyhow::Result<()> {
                 true => client.run(move |d, p| kernel::run(d, params, p))?,
                 false => client.run(move |d, p| rr::run(d, params, p))?,
             }
+        }
+        Cmd::RrConc {
+            client,
+            size,
+            connections,
+            threads,
+            duration,
+            requests,
+        } => {
+            let params = rr_conc::Params {
+                size,
+                connections,
+                threads,
+                limit: limit(duration, requests, 5),
+            };
+            client.run(move |d, p| rr_conc::run(d, params, p))?
         }
         Cmd::Connect {
             client,

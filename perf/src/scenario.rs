@@ -10,7 +10,7 @@ use crate::dial::Dialer;
 use crate::procstat::Processes;
 use crate::report::{fmt_num, MetricDef};
 use crate::units::fmt_size;
-use crate::{connect, idle, kernel, rr, throughput};
+use crate::{connect, idle, kernel, rr, rr_conc, throughput};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -22,6 +22,9 @@ pub enum Kind {
     /// `rr` while the proxies' system calls and context switches are
     /// counted (see `kernel`).
     RrKernel,
+    /// Request/response at several concurrency levels (one scenario per
+    /// level, see `rr_conc`).
+    RrConc,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -33,10 +36,16 @@ pub enum Scenario {
     Idle(idle::Params),
     #[serde(rename = "rr-kernel")]
     RrKernel(rr::Params),
+    #[serde(rename = "rr-conc")]
+    RrConc(rr_conc::Params),
 }
 
 /// Prefix of the per-type system-call rows of `rr-kernel`.
 pub const SYSCALL_ROW: &str = "rr-kernel.syscall.";
+
+/// Prefix of the load generator's rows of `rr-conc` (how busy its client
+/// threads were), followed by the connection count.
+pub const GENERATOR_ROW: &str = "rr-conc-generator.";
 
 /// One run's outcome.
 pub struct Measured {
@@ -74,6 +83,12 @@ impl Scenario {
                 p.connections,
                 p.limit.describe("req")
             ),
+            Scenario::RrConc(p) => format!(
+                "rr-conc {} B × {} conn, {}",
+                p.size,
+                p.connections,
+                p.limit.describe("req")
+            ),
         }
     }
 
@@ -85,6 +100,7 @@ impl Scenario {
             Scenario::Connect(_) => "connect".into(),
             Scenario::Idle(_) => "idle".into(),
             Scenario::RrKernel(_) => "rr-kernel".into(),
+            Scenario::RrConc(p) => format!("rr-conc.{}", p.connections),
         }
     }
 
@@ -268,6 +284,37 @@ impl Scenario {
                     .is_none()
                     .then(|| format!("system calls {}", r.syscall_counter));
                 (serde_json::to_value(&r)?, s, warning)
+            }
+            Scenario::RrConc(p) => {
+                let r = rr_conc::run(dialer, *p, procs)?;
+                push(def("rps", "requests/s", true, 0), Some(r.requests_per_s));
+                push(
+                    def("cpu_ms_per_1k", "proxy CPU ms/1k requests", false, 2),
+                    r.proxy_cpu_ms_per_1k_requests,
+                );
+                push(latency_def(&id, &label, "p50"), Some(r.latency.p50_us));
+                push(latency_def(&id, &label, "p99"), Some(r.latency.p99_us));
+                push(
+                    MetricDef::new(
+                        format!("{GENERATOR_ROW}{}", p.connections),
+                        &label,
+                        "load generator busy %",
+                        false,
+                        0,
+                    ),
+                    Some(r.client_busy * 100.0),
+                );
+                let s = format!(
+                    "{:8.0} req/s  p50 {:.1} µs  p99 {:.1} µs{}  generator {} thread(s) {:.0}% busy",
+                    r.requests_per_s,
+                    r.latency.p50_us,
+                    r.latency.p99_us,
+                    r.proxy_cpu_ms_per_1k_requests
+                        .map_or(String::new(), |c| format!("  proxy CPU {c:.2} ms/1k req")),
+                    r.threads,
+                    r.client_busy * 100.0,
+                );
+                (serde_json::to_value(&r)?, s, None)
             }
         };
         Ok(Measured {

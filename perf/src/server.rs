@@ -10,13 +10,14 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::epoll::{self, Epoll};
 use crate::wire::{Op, HEADER_LEN};
 
 /// Buffer size for bulk reads and writes.
@@ -69,25 +70,11 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(sock.into())
 }
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-fn epoll_ctl(ep: RawFd, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: epoll_ctl reads the event we pass.
-    cvt(unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) }).map(drop)
-}
-
 /// epoll tokens with this bit set name a listener (by index).
 const LISTENER: u64 = 1 << 63;
 
 struct Reactor {
-    ep: OwnedFd,
+    ep: Epoll,
     listeners: Arc<Vec<TcpListener>>,
     /// Connections by token (a tiny slab).
     conns: Vec<Option<Conn>>,
@@ -97,15 +84,12 @@ struct Reactor {
 
 impl Reactor {
     fn new(listeners: Arc<Vec<TcpListener>>) -> io::Result<Reactor> {
-        // SAFETY: epoll_create1 returned a fresh fd (checked by cvt) that nothing else owns.
-        let ep = unsafe { OwnedFd::from_raw_fd(cvt(libc::epoll_create1(libc::EPOLL_CLOEXEC))?) };
+        let ep = Epoll::new()?;
         for (i, l) in listeners.iter().enumerate() {
             // Every reactor watches every listener; EXCLUSIVE wakes one.
-            epoll_ctl(
-                ep.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
+            ep.add(
                 l.as_raw_fd(),
-                (libc::EPOLLIN | libc::EPOLLEXCLUSIVE) as u32,
+                epoll::IN | libc::EPOLLEXCLUSIVE as u32,
                 LISTENER | i as u64,
             )?;
         }
@@ -119,26 +103,16 @@ impl Reactor {
     }
 
     fn run(mut self) {
-        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut events = epoll::events(256);
         loop {
-            // SAFETY: epoll_wait writes at most `events.len()` entries into `events`.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.ep.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as libc::c_int,
-                    -1,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
+            let n = match self.ep.wait(&mut events, -1) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("ringway-perf serve: epoll_wait: {e}");
+                    return;
                 }
-                eprintln!("ringway-perf serve: epoll_wait: {e}");
-                return;
-            }
-            for ev in &events[..n as usize] {
+            };
+            for ev in &events[..n] {
                 let token = ev.u64;
                 if token & LISTENER != 0 {
                     self.accept((token & !LISTENER) as usize);
@@ -181,13 +155,7 @@ impl Reactor {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        if let Err(e) = epoll_ctl(
-            self.ep.as_raw_fd(),
-            libc::EPOLL_CTL_ADD,
-            s.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            key as u64,
-        ) {
+        if let Err(e) = self.ep.add(s.as_raw_fd(), epoll::IN, key as u64) {
             self.free.push(key);
             return Err(e);
         }
@@ -219,20 +187,12 @@ impl Reactor {
             Ok(Step::Wait(interest)) => {
                 if interest != conn.interest {
                     let events = match interest {
-                        Interest::Read => libc::EPOLLIN,
-                        Interest::Write => libc::EPOLLOUT,
-                    } as u32;
+                        Interest::Read => epoll::IN,
+                        Interest::Write => epoll::OUT,
+                    };
                     conn.interest = interest;
                     let fd = conn.stream.as_raw_fd();
-                    if epoll_ctl(
-                        self.ep.as_raw_fd(),
-                        libc::EPOLL_CTL_MOD,
-                        fd,
-                        events,
-                        key as u64,
-                    )
-                    .is_err()
-                    {
+                    if self.ep.modify(fd, events, key as u64).is_err() {
                         self.retire(key);
                     }
                 }
@@ -242,13 +202,7 @@ impl Reactor {
             }
             Ok(Step::Bulk(download)) => {
                 let conn = self.retire(key).expect("live connection");
-                let _ = epoll_ctl(
-                    self.ep.as_raw_fd(),
-                    libc::EPOLL_CTL_DEL,
-                    conn.stream.as_raw_fd(),
-                    0,
-                    0,
-                );
+                let _ = self.ep.delete(conn.stream.as_raw_fd());
                 let spawned = thread::Builder::new()
                     .name("serve-bulk".into())
                     .spawn(move || {

@@ -26,10 +26,10 @@ use crate::nodes::{
 };
 use crate::report::{fmt_num, markdown_table, with_ratio, Collector, MetricSummary, RowHeads};
 use crate::rr::Limit;
-use crate::scenario::{Kind, Scenario, SYSCALL_ROW};
+use crate::scenario::{Kind, Scenario, GENERATOR_ROW, SYSCALL_ROW};
 use crate::throughput::Direction;
 use crate::units::{fmt_duration, fmt_size, parse_duration, parse_size};
-use crate::{connect, idle, rig, rr, throughput};
+use crate::{connect, idle, rig, rr, rr_conc, throughput};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SuiteArgs {
@@ -52,7 +52,7 @@ pub struct SuiteArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "throughput,rr,rr-kernel,connect,idle"
+        default_value = "throughput,rr,rr-kernel,rr-conc,connect,idle"
     )]
     pub scenarios: Vec<Kind>,
     /// Bytes per throughput run, split evenly over the streams (default
@@ -78,6 +78,19 @@ pub struct SuiteArgs {
     /// (default 3s; quick 1s).
     #[arg(long, value_parser = parse_duration)]
     pub rr_kernel_duration: Option<Duration>,
+    /// rr-conc: connection counts, comma-separated; each is its own
+    /// scenario (request/response, closed loop, one request in flight per
+    /// connection; --rr-size bytes each way).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    pub rr_conc_connections: Vec<usize>,
+    /// rr-conc duration per connection count and run (default 2s; quick
+    /// 500ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub rr_conc_duration: Option<Duration>,
+    /// rr-conc client threads, each driving its share of the connections
+    /// from one epoll loop (default 1; at most one per connection).
+    #[arg(long)]
+    pub rr_conc_threads: Option<usize>,
     /// connect duration per run (default 5s; quick 1s).
     #[arg(long, value_parser = parse_duration)]
     pub connect_duration: Option<Duration>,
@@ -293,6 +306,24 @@ impl Settings {
                     connections: a.rr_connections.max(1),
                     limit: Limit::Duration(pick(a.rr_kernel_duration, 3_000, 1_000)),
                 })),
+                Kind::RrConc => {
+                    anyhow::ensure!(
+                        a.rr_conc_threads != Some(0),
+                        "--rr-conc-threads must be ≥ 1"
+                    );
+                    for &connections in &dedup(&a.rr_conc_connections) {
+                        anyhow::ensure!(connections > 0, "--rr-conc-connections must be ≥ 1");
+                        scenarios.push(Scenario::RrConc(rr_conc::Params {
+                            size: a.rr_size.max(1),
+                            connections,
+                            threads: a
+                                .rr_conc_threads
+                                .unwrap_or(rr_conc::DEFAULT_THREADS)
+                                .min(connections),
+                            limit: Limit::Duration(pick(a.rr_conc_duration, 2_000, 500)),
+                        }));
+                    }
+                }
             }
         }
         anyhow::ensure!(!scenarios.is_empty(), "no scenario selected");
@@ -1034,6 +1065,40 @@ fn kernel_markdown(r: &Report) -> String {
     s
 }
 
+/// The rr-conc load generator section of results.md: how busy its client
+/// threads were, per connection count and column.
+fn generator_markdown(r: &Report) -> String {
+    let rows: Vec<&MetricSummary> = r
+        .metrics
+        .iter()
+        .filter(|m| m.def.id.starts_with(GENERATOR_ROW))
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n## Load generator under rr-conc\n\n\
+         CPU time of the client threads over the timed requests ÷ (wall time × threads), median over \
+         rounds: the share of its time an average client thread was on a CPU. Well below 100 % the \
+         generator waited for responses rather than holding them up; compare the direct column's \
+         requests/s above, which the same generator reaches without a proxy.\n\n| scenario |",
+    );
+    for v in &r.variants {
+        s += &format!(" {} |", v.label);
+    }
+    s += "\n|---|";
+    s += &"---:|".repeat(r.variants.len());
+    s += "\n";
+    for m in rows {
+        s += &format!("| {} |", m.def.scenario);
+        for v in &r.variants {
+            s += &format!(" {} |", fmt_num(m.median_of(&v.key), 0));
+        }
+        s += "\n";
+    }
+    s
+}
+
 /// The policy-cost tables of results.md.
 fn policy_markdown(rows: &[PolicyRow]) -> String {
     let mut s = String::from(
@@ -1077,32 +1142,46 @@ fn write_charts(out: &Path, r: &Report) -> anyhow::Result<Vec<String>> {
             .find(|v| v.key == key)
             .map_or(key.to_string(), |v| v.label.clone())
     };
-    // Throughput bars: every throughput scenario × variant.
-    let mut bars = Vec::new();
-    for m in r
-        .metrics
-        .iter()
-        .filter(|m| m.def.id.starts_with("throughput.") && m.def.id.ends_with(".gbps"))
-    {
-        let short = m.def.scenario.trim_start_matches("throughput ").to_string();
-        for v in &m.values {
-            if let Some(x) = v.median {
-                bars.push(Bar {
-                    label: format!("{short} · {}", label_of(&v.variant)),
-                    color: color_of(&v.variant),
-                    value: x,
-                });
-            }
-        }
-    }
-    if !bars.is_empty() {
-        charts::bars(
-            &out.join("throughput.svg"),
+    // Bars of every scenario × variant: throughput (Gbit/s), and rr-conc
+    // (requests/s per connection count).
+    for (prefix, suffix, file, title, unit) in [
+        (
+            "throughput ",
+            ".gbps",
+            "throughput.svg",
             "Throughput (median over rounds)",
             "Gbit/s",
-            &bars,
-        )?;
-        written.push("throughput.svg".to_string());
+        ),
+        (
+            "rr-conc ",
+            ".rps",
+            "rr-conc.svg",
+            "Request/response by concurrent connections (median over rounds)",
+            "requests/s",
+        ),
+    ] {
+        let id_prefix = prefix.trim_end().to_string() + ".";
+        let mut bars = Vec::new();
+        for m in r
+            .metrics
+            .iter()
+            .filter(|m| m.def.id.starts_with(&id_prefix) && m.def.id.ends_with(suffix))
+        {
+            let short = m.def.scenario.trim_start_matches(prefix).to_string();
+            for v in &m.values {
+                if let Some(x) = v.median {
+                    bars.push(Bar {
+                        label: format!("{short} · {}", label_of(&v.variant)),
+                        color: color_of(&v.variant),
+                        value: x,
+                    });
+                }
+            }
+        }
+        if !bars.is_empty() {
+            charts::bars(&out.join(file), title, unit, &bars)?;
+            written.push(file.to_string());
+        }
     }
     // Latency percentiles of rr and connect.
     for (id, file, title) in [
@@ -1184,11 +1263,11 @@ fn markdown(r: &Report) -> String {
         r.settings.rounds
     );
     let labels: Vec<String> = r.variants.iter().map(|v| v.label.clone()).collect();
-    // Per-type system calls have a section of their own.
+    // Per-type system calls and the load generator have sections of their own.
     let main: Vec<MetricSummary> = r
         .metrics
         .iter()
-        .filter(|m| !m.def.id.starts_with(SYSCALL_ROW))
+        .filter(|m| !m.def.id.starts_with(SYSCALL_ROW) && !m.def.id.starts_with(GENERATOR_ROW))
         .cloned()
         .collect();
     s += &markdown_table(&main, &labels);
@@ -1196,6 +1275,7 @@ fn markdown(r: &Report) -> String {
         s += &peers_markdown(&r.vs_peers, &main, &r.variants);
     }
     s += &kernel_markdown(r);
+    s += &generator_markdown(r);
 
     if !r.scaling.is_empty() {
         s += "\n## Core scaling\n\nringway variants per `--cores` value (median; × vs the first value; per CPU).\n\n";
@@ -1335,6 +1415,16 @@ fn describe_scenario(s: &Scenario) -> String {
             p.connections,
             p.size,
             p.limit.describe("requests")
+        ),
+        Scenario::RrConc(p) => format!(
+            "{} connection(s) at once, closed loop: each sends a {}-byte request and the next one as soon as \
+             the {}-byte response is in, for {}; driven by {} client thread(s) with an epoll loop each; \
+             latency from writing a request to its response's last byte",
+            p.connections,
+            p.size,
+            p.size,
+            p.limit.describe("requests"),
+            p.threads
         ),
         Scenario::Idle(p) => format!(
             "on freshly restarted proxies (one connection primes the path first): {} connections opened \

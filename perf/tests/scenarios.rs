@@ -9,7 +9,7 @@ use ringway_perf::dial::Dialer;
 use ringway_perf::procstat::Processes;
 use ringway_perf::rr::Limit;
 use ringway_perf::throughput::Direction;
-use ringway_perf::{connect, idle, rr, scenario::Scenario, server, socks5, throughput};
+use ringway_perf::{connect, idle, rr, rr_conc, scenario::Scenario, server, socks5, throughput};
 
 fn sane(x: f64, what: &str) {
     assert!(x.is_finite() && x > 0.0, "{what} = {x}");
@@ -116,6 +116,93 @@ fn rr_by_count_and_by_duration() {
 }
 
 #[test]
+fn rr_conc_by_count_and_by_duration() {
+    for (name, d) in routes() {
+        // More connections than threads, a count that does not divide
+        // evenly: every request is answered and counted exactly once.
+        let r = rr_conc::run(
+            &d,
+            rr_conc::Params {
+                size: 100,
+                connections: 7,
+                threads: 2,
+                limit: Limit::Count(1001),
+            },
+            &me(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(r.requests, 1001, "{name}");
+        assert_eq!(r.latency.count, 1001);
+        assert_eq!(r.threads, 2);
+        assert_eq!(r.requests_per_thread, [501, 500]);
+        sane(r.requests_per_s, "req/s");
+        for (p, v) in r.latency.points() {
+            sane(v, p);
+        }
+        let l = &r.latency;
+        assert!(l.p50_us <= l.p99_us && l.p99_us <= l.max_us);
+        assert!(r.proxy_cpu_ms_per_1k_requests.unwrap().is_finite());
+        assert!(r.client_cpu_s > 0.0 && r.client_busy.is_finite());
+
+        // By duration, more threads asked for than connections: one each.
+        let r = rr_conc::run(
+            &d,
+            rr_conc::Params {
+                size: 1,
+                connections: 3,
+                threads: 8,
+                limit: Limit::Duration(Duration::from_millis(100)),
+            },
+            &Processes::default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(r.threads, 3);
+        assert!(r.requests_per_thread.iter().all(|&n| n > 0), "{r:?}");
+        assert!(r.seconds >= 0.1);
+        assert_eq!(r.proxy_cpu_ms_per_1k_requests, None);
+    }
+}
+
+#[test]
+fn rr_conc_requests_larger_than_the_socket_buffers() {
+    // 8 MiB each way: a request cannot be written in one go, so the client
+    // waits for writability in between; every byte is still accounted.
+    let (_, d) = routes().remove(0);
+    let r = rr_conc::run(
+        &d,
+        rr_conc::Params {
+            size: 8 << 20,
+            connections: 2,
+            threads: 1,
+            limit: Limit::Count(6),
+        },
+        &Processes::default(),
+    )
+    .unwrap();
+    assert_eq!(r.requests, 6);
+    assert_eq!(r.requests_per_thread, [6]);
+}
+
+#[test]
+fn rr_conc_needs_connections_and_bytes() {
+    let (_, d) = routes().remove(0);
+    for (size, connections) in [(0, 1), (1, 0)] {
+        let e = rr_conc::run(
+            &d,
+            rr_conc::Params {
+                size,
+                connections,
+                threads: 1,
+                limit: Limit::Count(1),
+            },
+            &Processes::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rr-conc needs"), "{e}");
+    }
+}
+
+#[test]
 fn connect_counts_connections_and_errors() {
     for (name, d) in routes() {
         let r = connect::run(
@@ -195,6 +282,21 @@ fn suite_scenarios_yield_their_metrics() {
                 "rr.p999",
                 "rr.max",
                 "rr.cpu_per_1k",
+            ],
+        ),
+        (
+            Scenario::RrConc(rr_conc::Params {
+                size: 1,
+                connections: 4,
+                threads: 2,
+                limit: Limit::Count(40),
+            }),
+            vec![
+                "rr-conc.4.rps",
+                "rr-conc.4.cpu_ms_per_1k",
+                "rr-conc.4.p50",
+                "rr-conc.4.p99",
+                "rr-conc-generator.4",
             ],
         ),
         (

@@ -81,6 +81,9 @@ fn quick_suite_on_the_two_node_rig() {
         "throughput.2.up.gbps",
         "rr.rps",
         "rr.p99",
+        "rr-conc.1.rps",
+        "rr-conc.8.rps",
+        "rr-conc.8.p99",
         "connect.cps",
     ] {
         for v in metric(id)["values"].as_array().unwrap() {
@@ -100,6 +103,7 @@ fn quick_suite_on_the_two_node_rig() {
     for id in [
         "idle.kib_per_conn",
         "rr.cpu_per_1k",
+        "rr-conc.8.cpu_ms_per_1k",
         "throughput.1.up.cpu_per_gib",
         "rr-kernel.cs_per_1k",
         "rr-kernel.cpu_ms_per_1k",
@@ -114,8 +118,8 @@ fn quick_suite_on_the_two_node_rig() {
         }
     }
     // Raw samples: one run per scenario per applicable variant (idle and
-    // rr-kernel only through proxies).
-    assert_eq!(json["runs"].as_array().unwrap().len(), 6 * 4 + 5 + 5);
+    // rr-kernel only through proxies; rr-conc once per connection count).
+    assert_eq!(json["runs"].as_array().unwrap().len(), 6 * 6 + 5 + 5);
     assert_eq!(json["failed_runs"], 0);
     assert!(json["machine"]["nproc"].as_u64().unwrap() >= 1);
     let scaling = json["scaling"].as_array().unwrap();
@@ -133,7 +137,13 @@ fn quick_suite_on_the_two_node_rig() {
     );
     assert!(md.contains("the peer"));
     assert!(md.contains("## Core scaling"));
-    for svg in ["throughput.svg", "rr-latency.svg", "connect-latency.svg"] {
+    assert!(md.contains("## Load generator under rr-conc"), "{md}");
+    for svg in [
+        "throughput.svg",
+        "rr-conc.svg",
+        "rr-latency.svg",
+        "connect-latency.svg",
+    ] {
         assert_svg(&out.path().join(svg));
     }
     // One progress line per measurement.
@@ -142,7 +152,7 @@ fn quick_suite_on_the_two_node_rig() {
             .lines()
             .filter(|l| l.contains("] round 1/1 "))
             .count(),
-        34,
+        46,
         "{stderr}"
     );
 }

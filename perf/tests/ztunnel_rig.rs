@@ -76,7 +76,13 @@ fn suite_with_ztunnel_as_the_peer() {
             })
             .collect()
     };
-    for id in ["throughput.1.up.gbps", "rr.rps", "connect.cps"] {
+    for id in [
+        "throughput.1.up.gbps",
+        "rr.rps",
+        "rr-conc.1.rps",
+        "rr-conc.8.rps",
+        "connect.cps",
+    ] {
         for (v, m) in metric(id) {
             assert!(m.is_some_and(|m| m > 0.0), "{id} {v}: {m:?}");
         }
@@ -85,6 +91,7 @@ fn suite_with_ztunnel_as_the_peer() {
     for id in [
         "idle.kib_per_conn",
         "rr.cpu_per_1k",
+        "rr-conc.8.cpu_ms_per_1k",
         "rr-kernel.cs_per_1k",
         "rr-kernel.cpu_ms_per_1k",
     ] {
@@ -98,12 +105,14 @@ fn suite_with_ztunnel_as_the_peer() {
         ("passthrough", "ztunnel-passthrough"),
         ("hbone", "ztunnel-hbone"),
     ] {
-        let r = ratios
-            .iter()
-            .find(|r| r["id"] == "rr.rps" && r["peer"] == zt)
-            .unwrap_or_else(|| panic!("no rr.rps ratio for {zt}"));
-        assert_eq!(r["ringway"], rw);
-        assert!(r["ratio"].as_f64().unwrap() > 0.0);
+        for id in ["rr.rps", "rr-conc.8.rps", "rr-conc.8.cpu_ms_per_1k"] {
+            let r = ratios
+                .iter()
+                .find(|r| r["id"] == id && r["peer"] == zt)
+                .unwrap_or_else(|| panic!("no {id} ratio for {zt}"));
+            assert_eq!(r["ringway"], rw);
+            assert!(r["ratio"].as_f64().unwrap() > 0.0, "{id} {zt}");
+        }
     }
     // System calls, when perf is here (the counts are then exact enough
     // that every proxy reads and writes at least once per request).
@@ -129,6 +138,14 @@ fn suite_with_ztunnel_as_the_peer() {
         assert!(md.contains(section), "{section}:\n{md}");
     }
     assert!(md.contains("| ringway ÷ ztunnel |"), "{md}");
+    // rr-conc rows in the ringway ÷ ztunnel table, one set per level.
+    let vs = &md[md.find("## ringway ÷ ztunnel").unwrap()..];
+    for level in ["1 B × 1 conn", "1 B × 8 conn"] {
+        assert!(
+            vs.contains(&format!("| rr-conc {level}, ")),
+            "{level}:\n{md}"
+        );
+    }
     // Started once, restarted for each idle measurement (A for both
     // columns, B for HBONE), and every start applied the config.
     let logs = out.path().join("logs");

@@ -582,15 +582,13 @@ mod tests {
 
     /// The readiness bits `reg` holds, reaped and not consumed yet.
     fn pending_bits(p: &Poller, reg: &Registration) -> u32 {
-        match reg.key.get().and_then(|k| {
-            p.slots.borrow().get(k).map(|s| match s {
-                Slot::Standing(st) => st.ready,
-                _ => 0,
+        reg.key
+            .get()
+            .and_then(|k| match p.slots.borrow().get(k) {
+                Some(Slot::Standing(st)) => Some(st.ready),
+                _ => None,
             })
-        }) {
-            Some(bits) => bits,
-            None => 0,
-        }
+            .unwrap_or_default()
     }
 
     /// One standing poll serves many waits: each wait sleeps until the peer

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::io::uring::Poller;
+use crate::io::uring::{Poller, RingConfig};
 
 pub use task::{dropping_panicked_task, Task};
 
@@ -169,7 +169,7 @@ pub async fn yield_now() {
 pub struct Builder {
     name: String,
     cpu: Option<usize>,
-    ring_entries: u32,
+    ring: RingConfig,
 }
 
 impl Builder {
@@ -177,7 +177,7 @@ impl Builder {
         Self {
             name: name.into(),
             cpu: None,
-            ring_entries: 1024,
+            ring: RingConfig::default(),
         }
     }
 
@@ -189,7 +189,13 @@ impl Builder {
 
     /// Submission queue size (the completion queue is 8× larger).
     pub fn ring_entries(mut self, entries: u32) -> Self {
-        self.ring_entries = entries;
+        self.ring.entries = entries;
+        self
+    }
+
+    /// The ring's sizes: queue entries and receive buffers.
+    pub fn ring(mut self, ring: RingConfig) -> Self {
+        self.ring = ring;
         self
     }
 
@@ -200,11 +206,7 @@ impl Builder {
         Fut: Future<Output = T> + 'static,
         T: Send + 'static,
     {
-        let Builder {
-            name,
-            cpu,
-            ring_entries,
-        } = self;
+        let Builder { name, cpu, ring } = self;
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || -> Result<T, String> {
@@ -213,7 +215,7 @@ impl Builder {
                         return Err(format!("cannot pin to CPU {cpu}: not in this process's CPUs"));
                     }
                 }
-                let local = Local::new(ring_entries).map_err(|e| {
+                let local = Local::new(ring).map_err(|e| {
                     format!("cannot create the core's io_uring (is io_uring disabled by sysctl or seccomp?): {e}")
                 })?;
                 Ok(local.block_on(make()))
@@ -242,7 +244,7 @@ impl<T> JoinHandle<T> {
 }
 
 impl Local {
-    fn new(ring_entries: u32) -> io::Result<Rc<Self>> {
+    fn new(ring: RingConfig) -> io::Result<Rc<Self>> {
         // SAFETY: plain syscall; the fd is owned right below.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
@@ -250,7 +252,7 @@ impl Local {
         }
         // SAFETY: eventfd returned a fresh fd that nothing else owns.
         let doorbell = unsafe { OwnedFd::from_raw_fd(efd) };
-        let poller = Poller::new(ring_entries, doorbell.as_raw_fd())?;
+        let poller = Poller::new(ring, doorbell.as_raw_fd())?;
         let (remote, remote_rx) = crossbeam_channel::unbounded();
         Ok(Rc::new(Self {
             shared: Arc::new(Shared {

@@ -1,27 +1,10 @@
-//! Per-core readiness reactor: the core's io_uring, owned by one executor
-//! (`executor/`), that carries `IORING_OP_POLL_ADD`s.
+//! Readiness waits on the core's ring: one-shot `POLL_ADD`s ([`Ready`],
+//! for rare waits such as a connect) and standing multishot ones
+//! ([`Registration`], for listeners and for the splice path's sockets
+//! while a connection is in bulk mode).
 //!
-//! Why not `IORING_OP_SPLICE`: the kernel always punts it to io-wq worker
-//! threads, which park one kernel thread per idle connection
-//! (`stack-notes.md` §4). So the data plane does plain nonblocking syscalls
-//! (`splice`, `read`, `write`, `accept4`) on the executor thread and only
-//! asks this ring to tell it when an fd is ready again. Submissions are
-//! queued, not submitted: the executor submits them all with its next
-//! `io_uring_enter`, which is also its sleep. Completions are reaped from
-//! shared memory on every pass, without a syscall.
-//!
-//! Two kinds of waits:
-//! - [`Poller::ready`]: one `POLL_ADD` per wait. For rare waits (connect).
-//! - [`Registration`]: one multishot `POLL_ADD` for as long as the fd is in
-//!   use; every wake-up of the socket posts a completion that sets ready
-//!   bits, so waiting costs no syscall. HBONE sockets and listeners use it:
-//!   a one-shot poll per wait cost ~25 % more CPU per small request.
-//!   Splice does not (see `copy.rs`): a busy socket would post a
-//!   completion per arriving segment.
-//!
-//! Core-local (!Send): every type here lives on exactly one executor thread.
+//! Core-local (!Send).
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::os::fd::RawFd;
@@ -29,40 +12,14 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use io_uring::{opcode, types, IoUring};
-use slab::Slab;
+use io_uring::{opcode, types};
 
-/// user_data of POLL_REMOVE submissions; their completions carry no waiter.
-const CANCEL_TAG: u64 = u64::MAX;
-/// user_data of the standing poll on the executor's doorbell eventfd.
-const DOORBELL_TAG: u64 = u64::MAX - 1;
-
-/// What one reap saw of the doorbell.
-#[derive(Default)]
-struct Doorbell {
-    /// Another thread woke the core: reset the eventfd's counter.
-    rang: bool,
-    /// The kernel ended the standing poll: arm it again.
-    ended: bool,
-}
-
-enum Slot {
-    /// A poll is in flight; the waker of the future waiting for it.
-    Waiting(Option<Waker>),
-    /// The kernel answered (revents mask, or -errno) before the future looked.
-    Done(i32),
-    /// The waiting future (or registration) was dropped; the slot is freed
-    /// when the last (cancelled) completion arrives, so a user_data is never
-    /// reused while in flight.
-    Orphan,
-    /// A [`Registration`]'s standing multishot poll.
-    Standing(Standing),
-}
+use super::{tag, Op, Poller, Slot};
 
 /// State of one registered fd: readiness seen but not yet consumed, and
 /// who waits for it.
 #[derive(Default)]
-struct Standing {
+pub(super) struct Standing {
     /// revents bits posted by the kernel and not yet consumed by a wait.
     ready: u32,
     /// The multishot poll is in the kernel (a completion without
@@ -81,237 +38,29 @@ const ALL_EVENTS: u32 = (libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::
 const READ_SIDE: u32 = (libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI) as u32 | STICKY;
 const WRITE_SIDE: u32 = libc::POLLOUT as u32 | STICKY;
 
-/// The per-core readiness ring.
-pub struct Poller {
-    ring: RefCell<IoUring>,
-    slots: RefCell<Slab<Slot>>,
-    /// The executor's doorbell eventfd (owned by the executor).
-    doorbell: RawFd,
-    /// Scratch list for `reap`, kept to avoid an allocation per wake-up.
-    wakers: RefCell<Vec<Waker>>,
-}
-
-impl Poller {
-    /// Creates the ring, and watches `doorbell` (an eventfd other threads
-    /// write to wake this core) with a standing poll. `entries` bounds the
-    /// submissions queued between two enters, not the number of polls in
-    /// flight (completions are never lost: what does not fit the completion
-    /// queue waits in the kernel's overflow list, IORING_FEAT_NODROP, until
-    /// [`Poller::reap`] flushes it).
-    pub fn new(entries: u32, doorbell: RawFd) -> io::Result<Rc<Self>> {
-        let ring = IoUring::builder()
-            .setup_cqsize(entries.saturating_mul(8))
-            .build(entries)?;
-        let poller = Rc::new(Self {
-            ring: RefCell::new(ring),
-            slots: RefCell::new(Slab::with_capacity(256)),
-            doorbell,
-            wakers: RefCell::new(Vec::new()),
-        });
-        poller.arm_doorbell()?;
-        Ok(poller)
-    }
-
-    fn arm_doorbell(&self) -> io::Result<()> {
-        let sqe = opcode::PollAdd::new(types::Fd(self.doorbell), libc::POLLIN as u32)
-            .multi(true)
-            .build()
-            .user_data(DOORBELL_TAG);
-        self.push(&sqe)
-    }
-
-    /// Submits what tasks queued, without waiting (the core is busy).
-    pub fn flush(&self) {
-        let mut ring = self.ring.borrow_mut();
-        if ring.submission().is_empty() && !ring.submission().cq_overflow() {
-            return;
+impl Standing {
+    /// A completion of the standing poll: `res` is the revents mask or
+    /// -errno; `more` is false once the kernel ended the poll.
+    pub(super) fn complete(&mut self, res: i32, more: bool, wakers: &mut Vec<Waker>) {
+        let mut bits = 0;
+        if res < 0 {
+            self.error = Some(res);
+            bits = READ_SIDE | WRITE_SIDE;
+        } else {
+            bits |= res as u32;
+            self.ready |= res as u32;
         }
-        if let Err(e) = ring.submit() {
-            tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next pass");
+        if !more {
+            // The kernel ended the poll (overflow, error): wake everyone so
+            // the next wait re-arms it.
+            self.armed = false;
+            bits = READ_SIDE | WRITE_SIDE;
         }
-    }
-
-    /// The core's only sleep: submits what is queued and waits for one
-    /// completion, at most `timeout`. One `io_uring_enter`.
-    pub fn park(&self, timeout: Option<std::time::Duration>) {
-        let ring = self.ring.borrow_mut();
-        let r = match timeout {
-            None => ring.submit_and_wait(1),
-            Some(t) => {
-                let ts = types::Timespec::new()
-                    .sec(t.as_secs())
-                    .nsec(t.subsec_nanos());
-                let args = types::SubmitArgs::new().timespec(&ts);
-                ring.submitter().submit_with_args(1, &args)
-            }
-        };
-        if let Err(e) = r {
-            match e.raw_os_error() {
-                Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN) => {}
-                _ => tracing::warn!(error = %e, "readiness ring wait failed"),
-            }
+        if bits & READ_SIDE != 0 {
+            wakers.append(&mut self.readers);
         }
-    }
-
-    /// Drains the completion queue and wakes the waiters; returns how many
-    /// completions it processed. Reads shared memory only, unless the
-    /// kernel has completions in its overflow list.
-    pub fn reap(&self) -> usize {
-        let mut ring = self.ring.borrow_mut();
-        let mut slots = self.slots.borrow_mut();
-        // Reused across reaps: no allocation per wake-up.
-        let mut wakers = std::mem::take(&mut *self.wakers.borrow_mut());
-        let mut seen = 0;
-        let mut doorbell = Doorbell::default();
-        loop {
-            seen += Self::drain(&mut ring, &mut slots, &mut wakers, &mut doorbell);
-            // Completions that did not fit the queue (a burst on many
-            // sockets between two reaps) wait in the kernel's overflow list
-            // until an enter asks for events, and no new completion gets
-            // past them: a standing poll whose last completion sits there
-            // looks armed forever and its socket is never polled again.
-            // `submit` asks for events when the overflow flag is set; then
-            // drain what it moved into the queue. One flag load per reap.
-            if !ring.submission().cq_overflow() {
-                break;
-            }
-            if let Err(e) = ring.submit() {
-                tracing::warn!(error = %e, "readiness ring submit failed; retrying at the next reap");
-                break;
-            }
-        }
-        drop(slots);
-        drop(ring);
-        if doorbell.rang {
-            let mut buf = 0u64;
-            // SAFETY: reads 8 bytes into a live u64 from the nonblocking
-            // eventfd the executor owns; only resets its counter.
-            unsafe {
-                libc::read(
-                    self.doorbell,
-                    (&mut buf as *mut u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
-        }
-        if doorbell.ended {
-            if let Err(e) = self.arm_doorbell() {
-                tracing::error!(error = %e, "cannot re-arm the core's doorbell poll");
-            }
-        }
-        for w in wakers.drain(..) {
-            w.wake();
-        }
-        *self.wakers.borrow_mut() = wakers;
-        seen
-    }
-
-    /// One pass over the completion queue: records what each completion
-    /// says in its slot and collects the wakers to wake.
-    fn drain(
-        ring: &mut IoUring,
-        slots: &mut Slab<Slot>,
-        wakers: &mut Vec<Waker>,
-        doorbell: &mut Doorbell,
-    ) -> usize {
-        let mut seen = 0;
-        for cqe in ring.completion() {
-            seen += 1;
-            let key = cqe.user_data();
-            if key == CANCEL_TAG {
-                continue;
-            }
-            if key == DOORBELL_TAG {
-                doorbell.rang = true;
-                doorbell.ended |= !io_uring::cqueue::more(cqe.flags());
-                continue;
-            }
-            let key = key as usize;
-            let more = io_uring::cqueue::more(cqe.flags());
-            let Some(slot) = slots.get_mut(key) else {
-                continue;
-            };
-            match slot {
-                Slot::Waiting(waker) => {
-                    if let Some(w) = waker.take() {
-                        wakers.push(w);
-                    }
-                    *slot = Slot::Done(cqe.result());
-                }
-                Slot::Orphan => {
-                    // A multishot poll may still post events before its
-                    // cancellation completes; only its last CQE frees the key.
-                    if !more {
-                        slots.remove(key);
-                    }
-                }
-                Slot::Done(_) => {}
-                Slot::Standing(st) => {
-                    let res = cqe.result();
-                    let mut bits = 0;
-                    if res < 0 {
-                        st.error = Some(res);
-                        bits = READ_SIDE | WRITE_SIDE;
-                    } else {
-                        bits |= res as u32;
-                        st.ready |= res as u32;
-                    }
-                    if !more {
-                        // The kernel ended the poll (overflow, error): wake
-                        // everyone so the next wait re-arms it.
-                        st.armed = false;
-                        bits = READ_SIDE | WRITE_SIDE;
-                    }
-                    if bits & READ_SIDE != 0 {
-                        wakers.append(&mut st.readers);
-                    }
-                    if bits & WRITE_SIDE != 0 {
-                        wakers.append(&mut st.writers);
-                    }
-                }
-            }
-        }
-        seen
-    }
-
-    /// Queues `entry`; the executor submits it with its next enter (the
-    /// sleep, or a flush at the end of a busy pass), batched with the rest.
-    /// Err only if the entry is not queued: once it is, the caller must
-    /// treat the poll as in flight (its completion will come).
-    fn push(&self, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-        let mut ring = self.ring.borrow_mut();
-        // SAFETY: POLL_ADD / POLL_REMOVE reference no user memory.
-        if unsafe { ring.submission().push(entry) }.is_err() {
-            ring.submit()?;
-            // SAFETY: as above.
-            unsafe { ring.submission().push(entry) }
-                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-        }
-        Ok(())
-    }
-
-    /// Orphans `key` and removes its poll from the kernel (submitted by the
-    /// end of this pass: until the poll is gone it holds the socket's file
-    /// open). The slot is freed when the poll's last completion arrives.
-    fn cancel(&self, key: usize) {
-        self.slots.borrow_mut()[key] = Slot::Orphan;
-        let sqe = opcode::PollRemove::new(key as u64)
-            .build()
-            .user_data(CANCEL_TAG);
-        if let Err(e) = self.push(&sqe) {
-            tracing::warn!(error = %e, "could not remove a readiness poll");
-        }
-    }
-
-    /// Waits until `fd` reports one of `events` (POLLIN, POLLOUT...). Errors
-    /// and hangups also complete the wait: the caller learns the details from
-    /// its next syscall.
-    pub fn ready(self: &Rc<Self>, fd: RawFd, events: i16) -> Ready {
-        Ready {
-            poller: self.clone(),
-            fd,
-            events,
-            key: None,
+        if bits & WRITE_SIDE != 0 {
+            wakers.append(&mut self.writers);
         }
     }
 }
@@ -322,6 +71,17 @@ pub struct Ready {
     fd: RawFd,
     events: i16,
     key: Option<usize>,
+}
+
+impl Ready {
+    pub(super) fn new(poller: Rc<Poller>, fd: RawFd, events: i16) -> Self {
+        Self {
+            poller,
+            fd,
+            events,
+            key: None,
+        }
+    }
 }
 
 impl Future for Ready {
@@ -338,7 +98,7 @@ impl Future for Ready {
                     .insert(Slot::Waiting(Some(cx.waker().clone())));
                 let sqe = opcode::PollAdd::new(types::Fd(this.fd), this.events as u16 as u32)
                     .build()
-                    .user_data(key as u64);
+                    .user_data(tag(key, Op::Poll));
                 if let Err(e) = this.poller.push(&sqe) {
                     this.poller.slots.borrow_mut().remove(key);
                     return Poll::Ready(Err(e));
@@ -365,7 +125,7 @@ impl Future for Ready {
                         }
                         Poll::Pending
                     }
-                    Slot::Orphan | Slot::Standing(_) => {
+                    Slot::Orphan | Slot::Standing(_) | Slot::Sock(_) => {
                         unreachable!("a live Ready future owns a one-shot slot")
                     }
                 }
@@ -384,7 +144,7 @@ impl Drop for Ready {
             }
             Some(Slot::Waiting(_)) => {
                 drop(slots);
-                self.poller.cancel(key);
+                self.poller.cancel_poll(key);
             }
             _ => {}
         }
@@ -511,7 +271,7 @@ impl Registration {
             let sqe = opcode::PollAdd::new(types::Fd(self.fd), ALL_EVENTS)
                 .multi(true)
                 .build()
-                .user_data(key as u64);
+                .user_data(tag(key, Op::Poll));
             if let Err(e) = self.poller.push(&sqe) {
                 return Poll::Ready(Err(e));
             }
@@ -531,7 +291,7 @@ impl Drop for Registration {
             return;
         }
         drop(slots);
-        self.poller.cancel(key);
+        self.poller.cancel_poll(key);
     }
 }
 
@@ -567,18 +327,7 @@ mod tests {
         p.slots.borrow().len()
     }
 
-    /// Lets the executor run (and reap) until `done` holds, for at most
-    /// ten seconds; panics naming `what` if it never does.
-    async fn until(what: &str, done: impl Fn() -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !done() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never happened: {what}"
-            );
-            timer::sleep(Duration::from_millis(1)).await;
-        }
-    }
+    use super::super::tests::until;
 
     /// The readiness bits `reg` holds, reaped and not consumed yet.
     fn pending_bits(p: &Poller, reg: &Registration) -> u32 {
@@ -711,7 +460,13 @@ mod tests {
             // SAFETY: eventfd takes no memory; the fd it returns is closed below.
             let doorbell = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
             assert!(doorbell >= 0);
-            let p = Poller::new(1, doorbell).expect("readiness ring");
+            let cfg = super::super::RingConfig {
+                entries: 1,
+                recv_buffers: 4,
+                recv_buffer_size: 4096,
+                ..Default::default()
+            };
+            let p = Poller::new(cfg, doorbell).expect("readiness ring");
             let reaper = {
                 let p = p.clone();
                 spawn_local(async move {
@@ -773,16 +528,16 @@ mod tests {
             assert_eq!(slots_in_use(&p), 1);
             drop(reg);
             drop(server);
-            // The poll's removal is submitted at the end of this pass.
-            crate::io::executor::yield_now().await;
-            client
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .unwrap();
-            let mut buf = [0u8; 4];
-            let n = client
-                .read(&mut buf)
-                .expect("EOF, not a timeout: the poll kept the socket open");
-            assert_eq!(n, 0);
+            // The poll's removal is submitted at the end of this pass and
+            // completes (dropping the kernel's reference to the socket) in
+            // the executor's next enter: wait on the executor, not on a
+            // blocking read that would stop it.
+            client.set_nonblocking(true).unwrap();
+            until(
+                "the client sees EOF: the poll no longer holds the socket",
+                || matches!((&client).read(&mut [0u8; 4]), Ok(0)),
+            )
+            .await;
             // The cancellation completes; a reap frees the key.
             until("the registration's slot is freed", || slots_in_use(&p) == 0).await;
         });

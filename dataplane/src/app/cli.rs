@@ -17,6 +17,7 @@ use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
 use crate::io::socket::ConnectOpts;
+use crate::io::uring::{IoMode, RingConfig, SocketCaps};
 
 /// ringway: a thread-per-core io_uring node proxy for Istio's ambient mesh.
 #[derive(Parser, Debug, Clone)]
@@ -142,9 +143,37 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_SOCKS5_ADDR", value_delimiter = ',')]
     pub socks5_addr: Vec<SocketAddr>,
 
-    /// splice: zero-copy through a pipe; copy: userspace buffer.
+    /// splice: zero-copy through a pipe; copy: userspace buffer. In
+    /// completion I/O mode this is how bulk passthrough moves (small
+    /// messages cross on the ring).
     #[arg(long, env = "RINGWAY_COPY_MODE", value_enum, default_value = "splice")]
     pub copy_mode: CopyMode,
+
+    /// completion: sockets receive and send as io_uring operations, no
+    /// system call per message; readiness: the ring reports readiness and
+    /// bytes move by recv/send/splice calls (the pre-issue-22 engine).
+    #[arg(
+        long,
+        env = "RINGWAY_IO_MODE",
+        value_enum,
+        default_value = "completion"
+    )]
+    pub io_mode: IoMode,
+
+    /// Receive buffers per core in the ring's provided-buffer ring (a
+    /// power of two, at most 32768). Shared by every connection of the core.
+    #[arg(long, env = "RINGWAY_RECV_BUFFERS", default_value_t = 256, value_parser = parse_recv_buffers)]
+    pub recv_buffers: u16,
+
+    /// Size of each receive buffer.
+    #[arg(long, env = "RINGWAY_RECV_BUFFER_SIZE", default_value = "32K", value_parser = parse_size)]
+    pub recv_buffer_size: u32,
+
+    /// Bytes one socket may hold each way in completion mode: received and
+    /// not yet sent on (past it the socket stops reading, and TCP's window
+    /// closes), and queued to send.
+    #[arg(long, env = "RINGWAY_SOCKET_CAP", default_value = "256K", value_parser = parse_size)]
+    pub socket_cap: u32,
 
     /// SO_MARK on ringway's outgoing sockets so capture rules can skip them
     /// (decimal or 0x hex; 0 disables).
@@ -431,6 +460,15 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("invalid size {s:?} (examples: 65535, 64K, 4M)"))
 }
 
+fn parse_recv_buffers(s: &str) -> Result<u16, String> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if n.is_power_of_two() && n <= 32768 => Ok(n as u16),
+        _ => Err(format!(
+            "receive buffers must be a power of two from 1 to 32768, got {s:?}"
+        )),
+    }
+}
+
 fn parse_frame_size(s: &str) -> Result<u32, String> {
     let n = parse_size(s)?;
     if !(16384..=16_777_215).contains(&n) {
@@ -474,6 +512,16 @@ impl Args {
     pub fn proxy_config(&self) -> ProxyConfig {
         ProxyConfig {
             copy_mode: self.copy_mode,
+            ring: RingConfig {
+                entries: RingConfig::default().entries,
+                recv_buffers: self.recv_buffers,
+                recv_buffer_size: self.recv_buffer_size,
+                io: self.io_mode,
+                caps: SocketCaps {
+                    recv: self.socket_cap as usize,
+                    send: self.socket_cap as usize,
+                },
+            },
             connect: ConnectOpts {
                 mark: self.mark,
                 timeout: self.connect_timeout,

@@ -61,6 +61,22 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     } = seed;
     let (force_tx, force_close) = watch::channel(false);
     let poller: Rc<Poller> = executor::poller();
+    let setup = poller.setup();
+    tracing::info!(
+        core = index,
+        io_mode = ?setup.io,
+        task_run = ?setup.task_run,
+        quiet_sends = setup.quiet_sends,
+        recv_buffers = setup.recv_buffers,
+        recv_buffer_size = setup.recv_buffer_size,
+        "core ring ready"
+    );
+    if setup.io == crate::io::uring::IoMode::Completion && !setup.quiet_sends {
+        tracing::warn!(
+            core = index,
+            "this kernel posts a completion for every send: one more io_uring_enter per message"
+        );
+    }
     let certs = Rc::new(Certificates::new(
         control.cert_feed.clone(),
         control.cert_requests.clone(),
@@ -323,6 +339,7 @@ pub fn start_cores(
         let index = seed.index;
         let handle = executor::Builder::new(format!("ringway-core{index}"))
             .pin(plan.pin.then_some(cpu))
+            .ring(seed.cfg.ring)
             .spawn({
                 let ready = ready.clone();
                 move || async move {

@@ -304,6 +304,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cores = %format_cpus(&plan.cpus),
         pinned = plan.pin,
         copy_mode = ?cfg.copy_mode,
+        io_mode = ?cfg.ring.io,
         listeners = %serde_json::to_string(&by_path).unwrap_or_default(),
         "ringway ready"
     );

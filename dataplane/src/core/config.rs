@@ -10,11 +10,14 @@ use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
 use crate::io::socket::ConnectOpts;
+use crate::io::uring::RingConfig;
 
 /// What every core needs to know, fixed at startup.
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
     pub copy_mode: CopyMode,
+    /// The core's ring: I/O mode, receive buffers, per-socket caps.
+    pub ring: RingConfig,
     pub connect: ConnectOpts,
     pub drain_timeout: Duration,
     pub network: String,

@@ -35,7 +35,7 @@ use ringway_controlplane::model::identity::Identity;
 use crate::io::count::ByteCount;
 use crate::io::socket;
 use crate::io::stream::ReadSizer;
-use crate::io::uring::{Poller, Registration};
+use crate::io::uring::{Poller, Registration, RingSocket};
 
 /// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
 #[derive(Clone, Copy, Debug)]
@@ -111,7 +111,8 @@ impl PumpOutcome {
 /// Moves bytes between the plain socket `fd` and an HBONE stream until
 /// both directions end. TCP FIN ⇄ END_STREAM, TCP RST ⇄ RST_STREAM
 /// (CONNECT_ERROR, as RFC 9113 §8.5 asks for a reset TCP connection).
-/// `to_tunnel` / `from_tunnel` count payload bytes as they move.
+/// `to_tunnel` / `from_tunnel` count payload bytes as they move (handed to
+/// h2, or queued on the socket).
 pub async fn pump(
     poller: &Rc<Poller>,
     fd: RawFd,
@@ -121,11 +122,39 @@ pub async fn pump(
     from_tunnel: &ByteCount,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
-    let reg = Registration::new(poller, fd);
-    let mut up = pin!(socket_to_stream(&reg, &send, to_tunnel));
-    let mut down = pin!(stream_to_socket(&reg, &mut recv, from_tunnel));
+    let failure = if poller.completion() {
+        let sock = RingSocket::new(poller, fd, poller.caps());
+        let up = ring_socket_to_stream(&sock, &send, to_tunnel);
+        let down = ring_stream_to_socket(&sock, &mut recv, from_tunnel);
+        both(up, down).await
+    } else {
+        let reg = Registration::new(poller, fd);
+        let up = socket_to_stream(&reg, &send, to_tunnel);
+        let down = stream_to_socket(&reg, &mut recv, from_tunnel);
+        both(up, down).await
+    };
+    match failure {
+        None => PumpOutcome::Closed,
+        Some(outcome) => {
+            match &outcome {
+                PumpOutcome::TcpReset(_) => send.borrow_mut().send_reset(Reason::CONNECT_ERROR),
+                PumpOutcome::TunnelReset(_) => socket::set_reset_on_close(fd),
+                PumpOutcome::Closed => {}
+            }
+            outcome
+        }
+    }
+}
+
+/// Runs both directions until both are done (None) or one fails.
+async fn both(
+    up: impl Future<Output = Result<(), PumpOutcome>>,
+    down: impl Future<Output = Result<(), PumpOutcome>>,
+) -> Option<PumpOutcome> {
+    let mut up = pin!(up);
+    let mut down = pin!(down);
     let (mut up_done, mut down_done) = (false, false);
-    let failure = futures_lite::future::poll_fn(|cx| {
+    futures_lite::future::poll_fn(|cx| {
         if !up_done {
             if let Poll::Ready(r) = up.as_mut().poll(cx) {
                 match r {
@@ -148,22 +177,103 @@ pub async fn pump(
             Poll::Pending
         }
     })
-    .await;
-    match failure {
-        None => PumpOutcome::Closed,
-        Some(outcome) => {
-            match &outcome {
-                PumpOutcome::TcpReset(_) => send.borrow_mut().send_reset(Reason::CONNECT_ERROR),
-                PumpOutcome::TunnelReset(_) => socket::set_reset_on_close(fd),
-                PumpOutcome::Closed => {}
+    .await
+}
+
+/// Sends `data` as DATA frames, as the peer's flow-control window allows
+/// (reserve, wait for capacity, send at most that much).
+async fn send_windowed(
+    send: &RefCell<SendStream<Bytes>>,
+    mut data: Bytes,
+    moved: &ByteCount,
+) -> Result<(), PumpOutcome> {
+    while !data.is_empty() {
+        send.borrow_mut().reserve_capacity(data.len());
+        let cap = futures_lite::future::poll_fn(|cx| send.borrow_mut().poll_capacity(cx)).await;
+        let cap = match cap {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
+            None => return Err(PumpOutcome::TunnelReset("stream closed by peer".into())),
+        };
+        if cap == 0 {
+            continue;
+        }
+        let chunk = data.split_to(cap.min(data.len()));
+        let len = chunk.len() as u64;
+        send.borrow_mut()
+            .send_data(chunk, false)
+            .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
+        moved.add(len);
+    }
+    Ok(())
+}
+
+/// Plain socket → DATA frames, completion mode: every piece the ring has
+/// received (up to [`READ_CHUNK`]) becomes one payload. While h2 has no
+/// window, the socket keeps receiving up to its cap, then stops, and the
+/// TCP window closes.
+async fn ring_socket_to_stream(
+    sock: &RingSocket,
+    send: &RefCell<SendStream<Bytes>>,
+    moved: &ByteCount,
+) -> Result<(), PumpOutcome> {
+    let mut buf = BytesMut::new();
+    loop {
+        let first = match sock.recv().await {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                send.borrow_mut()
+                    .send_data(Bytes::new(), true)
+                    .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
+                return Ok(());
             }
-            outcome
+            Err(e) => return Err(PumpOutcome::TcpReset(e.to_string())),
+        };
+        buf.extend_from_slice(&first);
+        drop(first);
+        while buf.len() < READ_CHUNK {
+            match sock.try_recv() {
+                Some(p) => buf.extend_from_slice(&p),
+                None => break,
+            }
+        }
+        send_windowed(send, buf.split().freeze(), moved).await?;
+        crate::io::executor::yield_if_needed().await;
+    }
+}
+
+/// DATA frames → plain socket, completion mode: each payload is queued as
+/// it is (no copy) and window is released once the socket's queue has
+/// room, so a slow reader back-pressures the sender at the socket's cap.
+async fn ring_stream_to_socket(
+    sock: &RingSocket,
+    recv: &mut RecvStream,
+    moved: &ByteCount,
+) -> Result<(), PumpOutcome> {
+    loop {
+        match recv.data().await {
+            None => {
+                sock.flushed()
+                    .await
+                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                let _ = socket::shutdown_write(sock.fd());
+                return Ok(());
+            }
+            Some(Ok(data)) => {
+                sock.room()
+                    .await
+                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                let n = data.len();
+                sock.send(data);
+                moved.add(n as u64);
+                let _ = recv.flow_control().release_capacity(n);
+            }
+            Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
         }
     }
 }
 
-/// Plain socket → DATA frames, respecting the peer's flow-control window
-/// (reserve, wait for capacity, send at most that much).
+/// Plain socket → DATA frames, readiness mode.
 async fn socket_to_stream(
     reg: &Registration,
     send: &RefCell<SendStream<Bytes>>,
@@ -197,25 +307,7 @@ async fn socket_to_stream(
                 .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
             return Ok(());
         }
-        let mut data = buf.split().freeze();
-        while !data.is_empty() {
-            send.borrow_mut().reserve_capacity(data.len());
-            let cap = futures_lite::future::poll_fn(|cx| send.borrow_mut().poll_capacity(cx)).await;
-            let cap = match cap {
-                Some(Ok(c)) => c,
-                Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
-                None => return Err(PumpOutcome::TunnelReset("stream closed by peer".into())),
-            };
-            if cap == 0 {
-                continue;
-            }
-            let chunk = data.split_to(cap.min(data.len()));
-            let len = chunk.len() as u64;
-            send.borrow_mut()
-                .send_data(chunk, false)
-                .map_err(|e| PumpOutcome::TunnelReset(e.to_string()))?;
-            moved.add(len);
-        }
+        send_windowed(send, buf.split().freeze(), moved).await?;
         if sizer.was_short() {
             // Drained: the next read waits; hold no buffer meanwhile.
             buf = BytesMut::new();
@@ -224,8 +316,8 @@ async fn socket_to_stream(
     }
 }
 
-/// DATA frames → plain socket; window released only after the bytes are
-/// written, so a slow reader back-pressures the sender.
+/// DATA frames → plain socket, readiness mode; window released only after
+/// the bytes are written, so a slow reader back-pressures the sender.
 async fn stream_to_socket(
     reg: &Registration,
     recv: &mut RecvStream,

@@ -1,7 +1,15 @@
-//! Moving bytes between two TCP sockets: `splice` through a pipe (zero copy,
-//! the default) or a userspace buffer (`--copy-mode copy`), with TCP
-//! semantics kept: each direction ends with its own FIN (half-close), and a
-//! reset on one side is propagated as a reset on the other.
+//! Moving bytes between two TCP sockets, with TCP semantics kept: each
+//! direction ends with its own FIN (half-close), and a reset on one side is
+//! propagated as a reset on the other.
+//!
+//! In completion mode (the default) small messages cross on the core's
+//! ring: what a multishot receive put in a ring buffer is sent on from that
+//! same buffer, with no copy and no system call of its own. A direction
+//! whose receive fills a whole buffer has turned bulk: it stops receiving
+//! on the ring and moves bytes with `splice` through a pipe (zero copy, the
+//! default) or a userspace buffer (`--copy-mode copy`), waiting on
+//! readiness, until its source is drained; then it goes back to the ring.
+//! `IORING_OP_SPLICE` is never used: it always runs on io-wq threads.
 //!
 //! Idle connections hold no pipe and no buffer: a direction borrows a
 //! staging area from the core's pool only while bytes are in flight and
@@ -18,7 +26,7 @@ use std::rc::Rc;
 use std::task::Poll;
 
 use crate::io::socket::{self, would_block, Pipe};
-use crate::io::uring::Poller;
+use crate::io::uring::{Poller, RingSocket};
 
 /// How bytes move through the proxy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -156,8 +164,57 @@ impl Stage for BufStage {
 pub struct Copier {
     poller: Rc<Poller>,
     mode: CopyMode,
+    /// A received piece this large (a whole ring buffer) means more is
+    /// waiting: the direction turns bulk.
+    bulk_piece: usize,
     pipes: RefCell<Vec<HeldPipe>>,
     buffers: RefCell<Vec<HeldBuffer>>,
+}
+
+/// How long the readiness path runs a direction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// To end of stream.
+    Eof,
+    /// Until the source is drained with nothing staged (back to the ring).
+    Idle,
+}
+
+/// Runs both directions until both are done (None) or one fails; the
+/// outcome names the side that failed.
+async fn both(
+    fwd: impl Future<Output = Result<(), DirError>>,
+    rev: impl Future<Output = Result<(), DirError>>,
+) -> Option<CopyOutcome> {
+    let mut fwd = pin!(fwd);
+    let mut rev = pin!(rev);
+    let (mut fwd_done, mut rev_done) = (false, false);
+    futures_lite::future::poll_fn(|cx| {
+        if !fwd_done {
+            if let Poll::Ready(r) = fwd.as_mut().poll(cx) {
+                match r {
+                    Ok(()) => fwd_done = true,
+                    Err(DirError::Source(e)) => return Poll::Ready(Some(CopyOutcome::ResetByA(e))),
+                    Err(DirError::Dest(e)) => return Poll::Ready(Some(CopyOutcome::ResetByB(e))),
+                }
+            }
+        }
+        if !rev_done {
+            if let Poll::Ready(r) = rev.as_mut().poll(cx) {
+                match r {
+                    Ok(()) => rev_done = true,
+                    Err(DirError::Source(e)) => return Poll::Ready(Some(CopyOutcome::ResetByB(e))),
+                    Err(DirError::Dest(e)) => return Poll::Ready(Some(CopyOutcome::ResetByA(e))),
+                }
+            }
+        }
+        if fwd_done && rev_done {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 /// Why a direction stopped early.
@@ -183,6 +240,7 @@ pub enum CopyOutcome {
 impl Copier {
     pub fn new(poller: Rc<Poller>, mode: CopyMode) -> Self {
         Self {
+            bulk_piece: poller.recv_buffer_size(),
             poller,
             mode,
             pipes: RefCell::new(Vec::new()),
@@ -201,43 +259,18 @@ impl Copier {
         b_to_a: &ByteCount,
     ) -> CopyOutcome {
         let (a, b) = (a.as_raw_fd(), b.as_raw_fd());
-        let mut fwd = pin!(self.direction(a, b, a_to_b));
-        let mut rev = pin!(self.direction(b, a, b_to_a));
-        let (mut fwd_done, mut rev_done) = (false, false);
-        let failure = futures_lite::future::poll_fn(|cx| {
-            if !fwd_done {
-                if let Poll::Ready(r) = fwd.as_mut().poll(cx) {
-                    match r {
-                        Ok(()) => fwd_done = true,
-                        Err(DirError::Source(e)) => {
-                            return Poll::Ready(Some(CopyOutcome::ResetByA(e)))
-                        }
-                        Err(DirError::Dest(e)) => {
-                            return Poll::Ready(Some(CopyOutcome::ResetByB(e)))
-                        }
-                    }
-                }
-            }
-            if !rev_done {
-                if let Poll::Ready(r) = rev.as_mut().poll(cx) {
-                    match r {
-                        Ok(()) => rev_done = true,
-                        Err(DirError::Source(e)) => {
-                            return Poll::Ready(Some(CopyOutcome::ResetByB(e)))
-                        }
-                        Err(DirError::Dest(e)) => {
-                            return Poll::Ready(Some(CopyOutcome::ResetByA(e)))
-                        }
-                    }
-                }
-            }
-            if fwd_done && rev_done {
-                Poll::Ready(None)
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        let failure = if self.poller.completion() {
+            let caps = self.poller.caps();
+            let (ra, rb) = (
+                RingSocket::new(&self.poller, a, caps),
+                RingSocket::new(&self.poller, b, caps),
+            );
+            let fwd = self.ring_direction(&ra, &rb, a_to_b);
+            let rev = self.ring_direction(&rb, &ra, b_to_a);
+            both(fwd, rev).await
+        } else {
+            both(self.direction(a, b, a_to_b), self.direction(b, a, b_to_a)).await
+        };
         match failure {
             None => CopyOutcome::Closed,
             Some(outcome) => {
@@ -253,7 +286,79 @@ impl Copier {
         }
     }
 
+    /// One direction in completion mode (module doc): ring pieces are sent
+    /// on as they are; a full buffer switches to splice (or copy) until the
+    /// source drains.
+    async fn ring_direction(
+        &self,
+        src: &RingSocket,
+        dst: &RingSocket,
+        moved: &ByteCount,
+    ) -> Result<(), DirError> {
+        loop {
+            let first = match src.recv().await {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    dst.flushed().await.map_err(DirError::Dest)?;
+                    let _ = socket::shutdown_write(dst.fd());
+                    return Ok(());
+                }
+                Err(e) => return Err(DirError::Source(e)),
+            };
+            let mut bulk = first.len() >= self.bulk_piece;
+            dst.room().await.map_err(DirError::Dest)?;
+            moved.add(first.len() as u64);
+            dst.send(first);
+            while let Some(p) = src.try_recv() {
+                bulk |= p.len() >= self.bulk_piece;
+                moved.add(p.len() as u64);
+                dst.send(p);
+            }
+            if !bulk {
+                continue;
+            }
+            // Bulk: no more bytes into ring buffers; what came before goes
+            // first, then the readiness path takes over until idle.
+            std::future::poll_fn(|cx| src.poll_recv_stopped(cx)).await;
+            while let Some(p) = src.try_recv() {
+                dst.room().await.map_err(DirError::Dest)?;
+                moved.add(p.len() as u64);
+                dst.send(p);
+            }
+            dst.flushed().await.map_err(DirError::Dest)?;
+            if src.recv_ended() {
+                // EOF or an error came with the last pieces: the ring
+                // reports it at the next receive.
+                src.resume_recv();
+                continue;
+            }
+            let done = self
+                .direction_until(src.fd(), dst.fd(), moved, Until::Idle)
+                .await?;
+            if done {
+                return Ok(());
+            }
+            src.resume_recv();
+        }
+    }
+
+    /// One direction in readiness mode, to its end.
     async fn direction(&self, src: RawFd, dst: RawFd, moved: &ByteCount) -> Result<(), DirError> {
+        self.direction_until(src, dst, moved, Until::Eof)
+            .await
+            .map(|_| ())
+    }
+
+    /// One direction by splice (or copy) on readiness, until its end
+    /// (true), or with [`Until::Idle`] until the source is drained and
+    /// nothing is staged (false).
+    async fn direction_until(
+        &self,
+        src: RawFd,
+        dst: RawFd,
+        moved: &ByteCount,
+        until: Until,
+    ) -> Result<bool, DirError> {
         match self.mode {
             CopyMode::Splice => {
                 self.run(
@@ -275,6 +380,7 @@ impl Copier {
                             pool.push(stage.pipe);
                         }
                     },
+                    until,
                 )
                 .await
             }
@@ -299,6 +405,7 @@ impl Copier {
                             pool.push(stage.buf);
                         }
                     },
+                    until,
                 )
                 .await
             }
@@ -321,7 +428,8 @@ impl Copier {
         moved: &ByteCount,
         take: impl Fn() -> io::Result<S>,
         give_back: impl Fn(S),
-    ) -> Result<(), DirError> {
+        until: Until,
+    ) -> Result<bool, DirError> {
         loop {
             let mut stage = take().map_err(DirError::Source)?;
             let mut eof = false;
@@ -377,8 +485,9 @@ impl Copier {
                     // Peer may already be gone; a failing shutdown is not an
                     // error of this direction.
                     let _ = socket::shutdown_write(dst);
-                    return Ok(());
+                    return Ok(true);
                 }
+                Ok(false) if until == Until::Idle => return Ok(false),
                 Ok(false) => {
                     if let Err(e) = self.poller.ready(src, libc::POLLIN | libc::POLLRDHUP).await {
                         return Err(DirError::Source(e));

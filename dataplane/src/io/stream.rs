@@ -1,7 +1,12 @@
 //! Async byte streams over our own nonblocking sockets, driven by the
-//! per-core readiness ring: what rustls and h2 run on. Bytes that must be
-//! decrypted cannot be spliced, so the HBONE paths read and write through
-//! userspace here; plain passthrough stays on [`crate::io::copy`].
+//! per-core ring: what rustls and h2 run on. Bytes that must be decrypted
+//! cannot be spliced, so the HBONE paths read and write through userspace
+//! here; plain passthrough stays on [`crate::io::copy`].
+//!
+//! In completion mode (the default) a stream is a [`RingSocket`]: reads
+//! take bytes the ring already received, writes queue bytes for the next
+//! enter, and neither makes a system call. In readiness mode it reads and
+//! writes with `recv`/`sendmsg` when the ring says the socket is ready.
 //! Core-local (!Send).
 
 use std::io;
@@ -14,7 +19,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::io::socket;
-use crate::io::uring::{Poller, Registration};
+use crate::io::uring::{Poller, Registration, RingSocket};
 
 /// Bytes pulled from the socket per read when the caller asks for less.
 /// rustls reads TLS in slices of at most 4 KiB beyond a partial record, so
@@ -63,9 +68,21 @@ impl ReadSizer {
 
 /// A nonblocking TCP socket with tokio's I/O traits.
 pub struct FdStream {
-    // Declared before `fd`: the poll is removed before the socket closes.
-    reg: Registration,
+    // Declared before `fd`: the ring's operations on the socket are
+    // cancelled (and a graceful close's last bytes handed over) before the
+    // socket closes.
+    io: StreamIo,
     fd: OwnedFd,
+}
+
+enum StreamIo {
+    Ring(RingSocket),
+    Ready(ReadyIo),
+}
+
+/// Readiness mode: the syscalls' state.
+struct ReadyIo {
+    reg: Registration,
     /// Read-ahead bytes not yet handed out; allocated per fill and dropped
     /// as soon as it is drained, so an idle stream holds no buffer.
     ahead: Option<BytesMut>,
@@ -73,20 +90,31 @@ pub struct FdStream {
 }
 
 impl FdStream {
+    /// A stream on `fd`, in the core's I/O mode.
     pub fn new(fd: OwnedFd, poller: Rc<Poller>) -> Self {
-        Self {
-            reg: Registration::new(&poller, fd.as_raw_fd()),
-            fd,
-            ahead: None,
-            sizer: ReadSizer::new(READ_AHEAD),
-        }
+        let io = if poller.completion() {
+            let mut sock = RingSocket::new(&poller, fd.as_raw_fd(), poller.caps());
+            // A stream closes gracefully unless told otherwise (a reset is
+            // SO_LINGER 0 on the descriptor, which discards bytes anyway):
+            // what h2 or rustls wrote last (a GOAWAY, a close_notify) goes.
+            sock.linger();
+            StreamIo::Ring(sock)
+        } else {
+            StreamIo::Ready(ReadyIo {
+                reg: Registration::new(&poller, fd.as_raw_fd()),
+                ahead: None,
+                sizer: ReadSizer::new(READ_AHEAD),
+            })
+        };
+        Self { io, fd }
     }
+}
 
+impl ReadyIo {
     /// One `read(2)`: straight into `buf` when it is large, else into a
     /// fresh read-ahead buffer. Ok = bytes (or EOF) are in `buf`; a short
     /// read tells the registration the socket is drained.
-    fn fill(&mut self, buf: &mut ReadBuf<'_>) -> io::Result<()> {
-        let fd = self.fd.as_raw_fd();
+    fn fill(&mut self, fd: RawFd, buf: &mut ReadBuf<'_>) -> io::Result<()> {
         if buf.remaining() >= READ_AHEAD {
             let unfilled = buf.initialize_unfilled();
             let want = unfilled.len();
@@ -123,18 +151,17 @@ impl FdStream {
     fn wait(&self, events: i16, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.reg.poll_ready(cx, events).map(|r| r.map(|_| ()))
     }
-}
 
-impl FdStream {
     /// Retries `write` until it makes progress, waiting for POLLOUT on
     /// EAGAIN.
     fn poll_write_with(
         &mut self,
         cx: &mut Context<'_>,
+        fd: RawFd,
         write: impl Fn(RawFd) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            match write(self.fd.as_raw_fd()) {
+            match write(fd) {
                 Ok(n) => return Poll::Ready(Ok(n)),
                 Err(e) if socket::would_block(&e) => {
                     ready!(self.wait(libc::POLLOUT, cx))?;
@@ -165,15 +192,20 @@ impl AsyncRead for FdStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if this.ahead.is_some() {
-            this.drain_ahead(buf);
+        let fd = this.fd.as_raw_fd();
+        let r = match &mut this.io {
+            StreamIo::Ring(sock) => return sock.poll_read(cx, buf),
+            StreamIo::Ready(r) => r,
+        };
+        if r.ahead.is_some() {
+            r.drain_ahead(buf);
             return Poll::Ready(Ok(()));
         }
         loop {
-            ready!(this.reg.poll_readable(cx))?;
-            match this.fill(buf) {
+            ready!(r.reg.poll_readable(cx))?;
+            match r.fill(fd, buf) {
                 Ok(()) => return Poll::Ready(Ok(())),
-                Err(e) if socket::would_block(&e) => this.reg.drained(),
+                Err(e) if socket::would_block(&e) => r.reg.drained(),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -187,8 +219,12 @@ impl AsyncWrite for FdStream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut()
-            .poll_write_with(cx, |fd| socket::write(fd, data))
+        let this = self.get_mut();
+        let fd = this.fd.as_raw_fd();
+        match &mut this.io {
+            StreamIo::Ring(sock) => sock.poll_write(cx, data),
+            StreamIo::Ready(r) => r.poll_write_with(cx, fd, |fd| socket::write(fd, data)),
+        }
     }
 
     fn poll_write_vectored(
@@ -196,20 +232,33 @@ impl AsyncWrite for FdStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut()
-            .poll_write_with(cx, |fd| socket::writev(fd, bufs))
+        let this = self.get_mut();
+        let fd = this.fd.as_raw_fd();
+        match &mut this.io {
+            StreamIo::Ring(sock) => sock.poll_write_vectored(cx, bufs),
+            StreamIo::Ready(r) => r.poll_write_with(cx, fd, |fd| socket::writev(fd, bufs)),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
         true
     }
 
+    /// Completion mode: queued bytes are handed to the kernel by the next
+    /// enter, which always comes before the core sleeps, so a flush has
+    /// nothing to wait for (waiting for the send's completion would hold
+    /// h2's connection task through a sleep for nothing).
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match socket::shutdown_write(self.fd.as_raw_fd()) {
+    /// Sends FIN once everything queued is in the kernel.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let StreamIo::Ring(sock) = &this.io {
+            ready!(sock.poll_flushed(cx))?;
+        }
+        match socket::shutdown_write(this.fd.as_raw_fd()) {
             Err(e) if e.raw_os_error() != Some(libc::ENOTCONN) => Poll::Ready(Err(e)),
             _ => Poll::Ready(Ok(())),
         }

@@ -339,6 +339,22 @@ fn a_hundred_pods_come_and_go_without_leaking() {
         }
     };
 
+    // Pools are per core, and REUSEPORT spreads the pair's connections over
+    // the cores at random: wait until every core has its pooled tunnel,
+    // so round 0 counts them too (on a loaded machine a core may not have
+    // served the pair yet when the first round is counted).
+    common::wait_for(
+        "every core to pool a tunnel for the pair",
+        common::PATIENCE,
+        || {
+            let pooled = rw.per_core("ringway_core_hbone_pool_connections");
+            if !pooled.is_empty() && pooled.iter().all(|&n| n > 0) {
+                Ok(())
+            } else {
+                Err(format!("pooled tunnels per core: {pooled:?}"))
+            }
+        },
+    );
     let pid = rw.pid();
     let churned: std::collections::HashSet<String> = pods.iter().map(netns_link).collect();
     let mut after_round = Vec::new();

@@ -258,37 +258,29 @@ impl AggregatedDiscoveryService for ChurnAds {
 // Measuring
 // ---------------------------------------------------------------------------
 
-/// Cumulative counts of ringway's propagation histogram, by upper bound
-/// in seconds (+Inf last), summed over cores.
-fn propagation(metrics: &str) -> Vec<(f64, u64)> {
+/// Cumulative counts of ringway's propagation histogram (its stats
+/// listener's /metrics), by upper bound in seconds (+Inf last), summed
+/// over cores.
+fn propagation(stats: SocketAddr) -> anyhow::Result<Vec<(f64, u64)>> {
+    let metrics = String::from_utf8(get_ok(stats, "/metrics", Duration::from_secs(10))?)?;
+    // A bucket line's bound and count.
+    let bucket = |line: &str| -> Option<(f64, u64)> {
+        let rest = line.strip_prefix("ringway_core_config_propagation_seconds_bucket{")?;
+        let (labels, count) = rest.split_once("} ")?;
+        let le = labels.split("le=\"").nth(1)?.strip_suffix('"')?;
+        let le = match le {
+            "+Inf" => f64::INFINITY,
+            _ => le.parse().unwrap_or(f64::NAN),
+        };
+        Some((le, count.trim().parse().unwrap_or(0)))
+    };
     let mut by_le: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("ringway_core_config_propagation_seconds_bucket{")
-        else {
-            continue;
-        };
-        let Some((labels, count)) = rest.split_once("} ") else {
-            continue;
-        };
-        let Some(le) = labels
-            .split("le=\"")
-            .nth(1)
-            .and_then(|l| l.strip_suffix('"'))
-        else {
-            continue;
-        };
-        let le: f64 = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().unwrap_or(f64::NAN)
-        };
-        let count: u64 = count.trim().parse().unwrap_or(0);
-        let e = by_le.entry(le.to_bits()).or_insert((le, 0));
-        e.1 += count;
+    for (le, count) in metrics.lines().filter_map(bucket) {
+        by_le.entry(le.to_bits()).or_insert((le, 0)).1 += count;
     }
     let mut v: Vec<_> = by_le.into_values().collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    v
+    Ok(v)
 }
 
 /// The smallest bucket bound under which at least `q` of the samples fall.
@@ -301,14 +293,6 @@ fn quantile(buckets: &[(f64, u64)], q: f64) -> Option<f64> {
         .iter()
         .find(|(_, c)| *c as f64 >= q * total as f64)
         .map(|(le, _)| *le)
-}
-
-fn get_metrics(addr: SocketAddr) -> anyhow::Result<String> {
-    Ok(String::from_utf8(get_ok(
-        addr,
-        "/metrics",
-        Duration::from_secs(10),
-    )?)?)
 }
 
 /// jemalloc's live heap bytes, from ringway's admin `/memory`.
@@ -389,7 +373,7 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_secs(15));
     let before = memory_status(pid)?;
     let heap_before = allocated(admin)?;
-    let buckets_before = propagation(&get_metrics(stats)?);
+    let buckets_before = propagation(stats)?;
     let cpu_before = cpu_seconds(pid)?;
 
     // Churn: pods 0, 1, 2, … in turn; even steps replace the pod, odd ones
@@ -423,17 +407,11 @@ fn main() -> anyhow::Result<()> {
                 let old = workload(i, services, generation[i], healthy[i]);
                 removed.push(old.uid.to_string());
                 generation[i] = (generation[i] + 1) % 8;
-                upserts.push(resource(
-                    workload(i, services, generation[i], healthy[i]),
-                    version,
-                ));
             } else {
                 healthy[i] = !healthy[i];
-                upserts.push(resource(
-                    workload(i, services, generation[i], healthy[i]),
-                    version,
-                ));
             }
+            let w = workload(i, services, generation[i], healthy[i]);
+            upserts.push(resource(w, version));
         }
         let msg = response(ADDRESS_TYPE_URL, 0, upserts, removed);
         if push_tx.blocking_send(msg).is_err() {
@@ -455,7 +433,7 @@ fn main() -> anyhow::Result<()> {
     let after = memory_status(pid)?;
     let heap_after = allocated(admin)?;
     heap_series.push(heap_after);
-    let buckets_after = propagation(&get_metrics(stats)?);
+    let buckets_after = propagation(stats)?;
     child
         .check_alive()
         .context("ringway exited during the churn")?;

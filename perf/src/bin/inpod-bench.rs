@@ -58,7 +58,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
@@ -70,7 +70,7 @@ use ringway_perf::procstat::{self, Processes};
 use ringway_perf::report::{fmt_num, Collector, MetricDef};
 use ringway_perf::rig::{self, Netns};
 use ringway_perf::rr::Limit;
-use ringway_perf::scenario::Scenario;
+use ringway_perf::scenario::{Measured, Scenario};
 use ringway_perf::supervise::{bound_file, Supervised};
 use ringway_perf::units::{fmt_size, parse_size};
 use ringway_perf::{connect, kernel, machine, rr, server, throughput};
@@ -204,14 +204,10 @@ fn cleanup_on_signals() {
 
 // ---------------------------------------------------------------------------
 
-static T0: Mutex<Option<Instant>> = Mutex::new(None);
+static T0: OnceLock<Instant> = OnceLock::new();
 
 fn progress(msg: &str) {
-    let t = T0
-        .lock()
-        .unwrap()
-        .get_or_insert_with(Instant::now)
-        .elapsed();
+    let t = T0.get_or_init(Instant::now).elapsed();
     eprintln!("[inpod-bench {:6.1}s] {msg}", t.as_secs_f64());
 }
 
@@ -256,10 +252,26 @@ fn cores_of(logs: &Path, name: &str) -> Option<u64> {
     serde_json::from_str::<Value>(&text).ok()?["cores"].as_u64()
 }
 
-fn inpod_args(uds: &Path, config: &Path, ca: &Path, node: &str, side: &[String]) -> Vec<String> {
-    let mut v = strings(&["--inpod", "--inpod-uds", uds.to_str().unwrap()]);
-    v.extend(ringway_args(config, ca, node, side));
-    v
+/// A ringway `--inpod` (and `extra`) in `node` as `node_name`, with the
+/// agent it connects to at `sock` in the scratch folder: both parts
+/// enrol pods this way. Returns once ringway took the (empty) snapshot.
+fn start_inpod(
+    b: &Bench,
+    node: &Netns,
+    name: &str,
+    sock: &str,
+    config: &Path,
+    node_name: &str,
+    extra: Option<String>,
+) -> anyhow::Result<(Agent, Supervised, AgentConn)> {
+    let agent = Agent::listen(&b.work.join(sock));
+    let mut args = strings(&["--inpod", "--inpod-uds", agent.path.to_str().unwrap()]);
+    args.extend(ringway_args(config, &b.work.join("ca"), node_name, b.side));
+    args.extend(extra);
+    let rw = Supervised::ringway(node, b.bin, name, &args, &b.a.log_level, b.logs)?;
+    let conn = agent.accept(Duration::from_secs(20));
+    ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
+    Ok((agent, rw, conn))
 }
 
 fn add_ok(conn: &AgentConn, uid: &str, ns: &str, k8s_ns: &str, name: &str) -> anyhow::Result<()> {
@@ -272,31 +284,27 @@ fn add_ok(conn: &AgentConn, uid: &str, ns: &str, k8s_ns: &str, name: &str) -> an
 /// The ports ringway listens on inside an enrolled pod.
 const POD_PORTS: [u16; 3] = [15001, 15006, 15008];
 
-/// Does something listen on `addr` inside `ns`? Anything but "connection
-/// refused" says so (ringway may reset a plaintext connection to its HBONE
-/// port at once, even before connect() returns).
-fn listens(ns: &str, addr: SocketAddr) -> anyhow::Result<bool> {
-    rig::in_netns(ns, move || {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            Ok(_) => true,
-            Err(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
-        }
-    })
-}
-
 /// Whether the first and the last pod have ringway's listeners must be
-/// `want` (after their add, after their del).
+/// `want` (after their add, after their del). Anything but "connection
+/// refused" says one listens (ringway may reset a plaintext connection to
+/// its HBONE port at once, even before connect() returns).
 fn pods_listen(pods: &[Netns], want: bool) -> anyhow::Result<()> {
     for p in [pods.first(), pods.last()].into_iter().flatten() {
         for port in POD_PORTS {
-            let has = listens(&p.name, SocketAddr::from(([127, 0, 0, 1], port)))?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let has = rig::in_netns(&p.name, move || {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+                    Ok(_) => true,
+                    Err(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
+                }
+            })?;
             ensure!(
                 has == want,
                 "pod namespace {} {} a {port} listener after its {}; its listening sockets:\n{}",
                 p.name,
                 if has { "still has" } else { "has no" },
                 if want { "ack" } else { "del" },
-                listening(&p.name)
+                ss(&p.name, &["-ltn"])
             );
         }
     }
@@ -310,11 +318,6 @@ fn pod_shape(a: &Args) -> &'static str {
         (false, false) => "lo + a veth with an IPv4 address, IPv6 off",
         (false, true) => "lo + a veth with an IPv4 and an IPv6 address",
     }
-}
-
-/// `ss -ltn` inside `ns` (for error messages).
-fn listening(ns: &str) -> String {
-    ss(ns, &["-ltn"])
 }
 
 /// `ss ARGS` inside `ns`: its output (empty if it failed).
@@ -341,7 +344,7 @@ struct Bench<'a> {
 }
 
 fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
-    let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
+    let (a, logs) = (b.a, b.logs);
     let node = Netns::new("rwib-n0")?;
     let hub = match a.no_pod_veth {
         true => None,
@@ -356,73 +359,69 @@ fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
     for i in 0..a.pods {
         let p = Netns::new("rwib-p")?;
         if let Some(h) = &hub {
-            let ip = format!("10.254.{}.{}/16", i / 250, i % 250 + 1);
-            if a.pod_ipv6 {
-                let (pod_if, _) = rig::veth(&p, &[&ip], h, &[])?;
-                let ip6 = format!("fd00:254::{:x}/64", i + 1);
-                p.ip(&["-6", "addr", "add", &ip6, "dev", &pod_if, "nodad"])?;
-            } else {
+            if !a.pod_ipv6 {
                 // IPv4 only. Otherwise the veth's link-local IPv6 address,
                 // once its DAD is done, makes ringway bind [::] too: how
                 // many listeners a pod gets would depend on timing.
                 for k in ["all", "default"] {
                     p.sysctl(&format!("net.ipv6.conf.{k}.disable_ipv6"), "1")?;
                 }
-                rig::veth(&p, &[&ip], h, &[])?;
+            }
+            let ip = format!("10.254.{}.{}/16", i / 250, i % 250 + 1);
+            let (pod_if, _) = rig::veth(&p, &[&ip], h, &[])?;
+            if a.pod_ipv6 {
+                let ip6 = format!("fd00:254::{:x}/64", i + 1);
+                p.ip(&["-6", "addr", "add", &ip6, "dev", &pod_if, "nodad"])?;
             }
         }
         pods.push(p);
     }
-    let config = work.join("pods.yaml");
+    let config = b.work.join("pods.yaml");
     std::fs::write(&config, "workloads: []\nservices: []\npolicies: []\n")?;
-    let agent = Agent::listen(&work.join("zds-pods.sock"));
-    let args = inpod_args(&agent.path, &config, &work.join("ca"), "bench-node", side);
     let name = "ringway-pods";
-    let mut rw = Supervised::ringway(&node, bin, name, &args, &a.log_level, logs)?;
+    // Locals drop in reverse order: the agent's connection, ringway, the
+    // agent, then the namespaces.
+    let (_agent, mut rw, conn) =
+        start_inpod(b, &node, name, "zds-pods.sock", &config, "bench-node", None)?;
     let pid = rw.pid();
     let cores = cores_of(logs, name);
-    let conn = agent.accept(Duration::from_secs(20));
-    ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
-    progress(&format!(
-        "ringway --inpod pid {pid} ({} cores), agent connected; settling 1 s",
+    // VmRSS and descriptors 1 s after the last change (ringway alive).
+    let mut settled = |what: String| -> anyhow::Result<(u64, usize)> {
+        progress(&format!("{what}; settling 1 s"));
+        std::thread::sleep(Duration::from_secs(1));
+        let s = sample(pid)?;
+        rw.check_alive()?;
+        Ok(s)
+    };
+    // Agent request → ack of each pod in turn, in milliseconds.
+    let timed = |f: &dyn Fn(usize) -> anyhow::Result<()>| -> anyhow::Result<Vec<f64>> {
+        let time = |i| {
+            let t = Instant::now();
+            f(i).map(|()| t.elapsed().as_secs_f64() * 1e3)
+        };
+        (0..a.pods).map(time).collect()
+    };
+    let zero = settled(format!(
+        "ringway --inpod pid {pid} ({} cores), agent connected",
         cores.map_or("?".into(), |c| c.to_string())
-    ));
-    std::thread::sleep(Duration::from_secs(1));
-    let zero = sample(pid)?;
-
-    let mut add_ms = Vec::with_capacity(a.pods);
-    for (i, p) in pods.iter().enumerate() {
-        let uid = format!("bench-pod-{i}");
-        let name = format!("pod-{i}");
-        let t = Instant::now();
-        add_ok(&conn, &uid, &p.name, "bench", &name)?;
-        add_ms.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    progress(&format!("{} pods added; settling 1 s", a.pods));
-    std::thread::sleep(Duration::from_secs(1));
-    let full = sample(pid)?;
-    rw.check_alive()?;
+    ))?;
+    let add_ms = timed(&|i| {
+        let (uid, name) = (format!("bench-pod-{i}"), format!("pod-{i}"));
+        add_ok(&conn, &uid, &pods[i].name, "bench", &name)
+    })?;
+    let full = settled(format!("{} pods added", a.pods))?;
     // The ack meant every core listens: the first and last pod answer.
     pods_listen(&pods, true)?;
-
-    let mut del_ms = Vec::with_capacity(a.pods);
-    for i in 0..a.pods {
-        let uid = format!("bench-pod-{i}");
-        let t = Instant::now();
-        let r = conn.del(&uid);
-        del_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        ensure!(r.is_empty(), "del {uid} was refused: {r}");
-    }
-    progress(&format!("{} pods deleted; settling 1 s", a.pods));
-    std::thread::sleep(Duration::from_secs(1));
-    let after = sample(pid)?;
-    rw.check_alive()?;
+    let del_ms = timed(&|i| {
+        let r = conn.del(&format!("bench-pod-{i}"));
+        ensure!(r.is_empty(), "del bench-pod-{i} was refused: {r}");
+        Ok(())
+    })?;
+    let after = settled(format!("{} pods deleted", a.pods))?;
     pods_listen(&pods, false)?;
     let late = log_lines_with(rw.log(), "not every core");
     let n = a.pods as f64;
-    let per_pod_rss = (full.0 as f64 - zero.0 as f64) / n;
-    let per_pod_fds = (full.1 as f64 - zero.1 as f64) / n;
-    let out = json!({
+    Ok(json!({
         "pods": a.pods,
         "pod_shape": pod_shape(a),
         "cores": cores,
@@ -430,20 +429,16 @@ fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
         "del": summary_ms(del_ms),
         "rss_kib": { "zero_pods": zero.0, "with_pods": full.0, "after_del": after.0 },
         "fds": { "zero_pods": zero.1, "with_pods": full.1, "after_del": after.1 },
-        "per_pod": { "rss_kib": per_pod_rss, "fds": per_pod_fds },
+        "per_pod": {
+            "rss_kib": (full.0 as f64 - zero.0 as f64) / n,
+            "fds": (full.1 as f64 - zero.1 as f64) / n,
+        },
         "returned_after_del": {
             "rss_kib_above_zero": after.0 as i64 - zero.0 as i64,
             "fds_above_zero": after.1 as i64 - zero.1 as i64,
         },
         "late_core_warnings": late,
-    });
-    drop(conn);
-    drop(rw);
-    drop(agent);
-    drop(pods);
-    drop(hub);
-    drop(node);
-    Ok(out)
+    }))
 }
 
 // ---------------------------------------------------------------------------
@@ -452,10 +447,10 @@ fn pod_enrolment(b: &Bench) -> anyhow::Result<Value> {
 const SINK_PORT: u16 = 5201;
 const WHOAMI_PORT: u16 = 5202;
 
-/// (name, k8s namespace, ip, node)
-fn mesh(pods: &[(String, String, Ipv4Addr, String)]) -> String {
+/// The mesh: every column's two pods, each on its ringway's node.
+fn mesh(specs: &[Spec]) -> String {
     let mut y = String::from("# Generated by inpod-bench.\nworkloads:\n");
-    for (name, ns, ip, node) in pods {
+    for (ns, (name, ip, node)) in specs.iter().flat_map(|s| s.pods().map(|p| (s.k8s_ns, p))) {
         y += &format!(
             "- uid: Kubernetes//Pod/{ns}/{name}\n  name: {name}\n  namespace: {ns}\n  \
              serviceAccount: sa-{name}\n  trustDomain: cluster.local\n  \
@@ -528,10 +523,14 @@ impl Spec {
     fn server(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 253, self.net, 2)
     }
-    fn names(&self) -> [String; 2] {
+    /// The client and the server pod: workload name, address, and the
+    /// node of its ringway.
+    fn pods(&self) -> [(String, Ipv4Addr, &'static str); 2] {
+        let name = |side| format!("{}-{side}", self.key);
+        let [c, s] = self.nodes;
         [
-            format!("{}-client", self.key),
-            format!("{}-server", self.key),
+            (name("client"), self.client(), c),
+            (name("server"), self.server(), s),
         ]
     }
 }
@@ -570,21 +569,21 @@ fn specs(with_no_orig_src: bool) -> Vec<Spec> {
     v
 }
 
-/// A running pod pair and its two ringways. Field order is drop order:
-/// processes, agents, then namespaces.
-struct Pair {
+/// A running pod pair and its two ringways: a column. Field order is drop
+/// order: processes, agents, then namespaces.
+struct Pair<'s> {
+    spec: &'s Spec,
     proxies: Vec<Supervised>,
     _conns: Vec<AgentConn>,
     _agents: Vec<Agent>,
     /// The in-pod ringways' own namespaces (their "nodes").
     _nodes: Vec<Netns>,
     client: Netns,
-    _server: Netns,
+    server: Netns,
 }
 
-impl Pair {
-    fn start(spec: &Spec, b: &Bench, config: &Path, ca: &Path) -> anyhow::Result<Pair> {
-        let (a, bin, work, logs, side) = (b.a, b.bin, b.work, b.logs, b.side);
+impl<'s> Pair<'s> {
+    fn start(spec: &'s Spec, b: &Bench, config: &Path) -> anyhow::Result<Pair<'s>> {
         let tag = spec.net;
         // Two pods tuned as the suite's nodes (connection-rate runs).
         let (client, server, c_if) = node_pair(
@@ -595,73 +594,62 @@ impl Pair {
         server.enter(move || server::spawn(&[sink]))??;
         let who = SocketAddr::from((spec.server(), WHOAMI_PORT));
         server.enter(move || whoami(who))??;
-        let [client_name, server_name] = spec.names();
         let mut pair = Pair {
+            spec,
             proxies: Vec::new(),
             _conns: Vec::new(),
             _agents: Vec::new(),
             _nodes: Vec::new(),
             client,
-            _server: server,
+            server,
         };
+        let pods = [&pair.client, &pair.server];
         match spec.kind {
-            Kind::InPod(orig_src) => {
-                // istio-cni's rules in both pods; a ringway per node, each
-                // in a namespace of its own, enrolling its pod.
-                for pod in [&pair.client, &pair._server] {
+            // istio-cni's rules in both pods; a ringway per node, each in a
+            // namespace of its own, enrolling its pod.
+            Kind::InPod(_) => {
+                for pod in pods {
                     rig::script("inpod-rules.sh", &[&pod.name])?;
                 }
-                let pods = [
-                    (&pair.client.name, &client_name),
-                    (&pair._server.name, &server_name),
-                ];
-                for (i, (pod_ns, name)) in pods.into_iter().enumerate() {
+            }
+            // The client pod's egress on its veth to its ringway's 15001,
+            // except ringway's own sockets and HBONE (as the tests'
+            // two-node rig).
+            Kind::NodeLevel => pair.client.nft(&format!(
+                "table inet rwib {{\n chain out {{ type nat hook output priority -100; policy accept;\n  \
+                 oifname \"{c_if}\" meta l4proto tcp meta mark & 0xfff != 0x539 tcp dport != 15008 redirect to :15001\n }}\n}}\n"
+            ))?,
+        }
+        for (i, (pod, (app, ip, node_name))) in pods.into_iter().zip(spec.pods()).enumerate() {
+            let name = format!("ringway-{}-{node_name}", spec.key);
+            let p = match spec.kind {
+                Kind::InPod(orig_src) => {
                     let node = Netns::new(&format!("rwib-n{tag}{i}"))?;
-                    let agent = Agent::listen(&work.join(format!("zds-{}-{i}.sock", spec.key)));
-                    let mut args = inpod_args(&agent.path, config, ca, spec.nodes[i], side);
-                    if let Some(v) = orig_src {
-                        args.push(format!("--orig-src={v}"));
-                    }
-                    let rw = format!("ringway-{}-{}", spec.key, spec.nodes[i]);
-                    let p = Supervised::ringway(&node, bin, &rw, &args, &a.log_level, logs)?;
-                    let conn = agent.accept(Duration::from_secs(20));
-                    ensure!(conn.snapshot_sent().is_empty(), "snapshot_sent refused");
-                    add_ok(&conn, &format!("uid-{name}"), pod_ns, spec.k8s_ns, name)?;
-                    pair.proxies.push(p);
+                    let sock = format!("zds-{}-{i}.sock", spec.key);
+                    let extra = orig_src.map(|v| format!("--orig-src={v}"));
+                    let (agent, p, conn) =
+                        start_inpod(b, &node, &name, &sock, config, node_name, extra)?;
+                    add_ok(&conn, &format!("uid-{app}"), &pod.name, spec.k8s_ns, &app)?;
                     pair._conns.push(conn);
                     pair._agents.push(agent);
                     pair._nodes.push(node);
+                    p
                 }
-            }
-            Kind::NodeLevel => {
-                // The client pod's egress on its veth to its ringway's
-                // 15001, except ringway's own sockets and HBONE (as the
-                // tests' two-node rig).
-                pair.client.nft(&format!(
-                    "table inet rwib {{\n chain out {{ type nat hook output priority -100; policy accept;\n  \
-                     oifname \"{c_if}\" meta l4proto tcp meta mark & 0xfff != 0x539 tcp dport != 15008 redirect to :15001\n }}\n}}\n"
-                ))?;
-                for (i, (ns, ip)) in [
-                    (&pair.client, spec.client()),
-                    (&pair._server, spec.server()),
-                ]
-                .into_iter()
-                .enumerate()
-                {
-                    let mut args = ringway_args(config, ca, spec.nodes[i], side);
+                // ringway inside the pod itself.
+                Kind::NodeLevel => {
+                    let mut args = ringway_args(config, &b.work.join("ca"), node_name, b.side);
                     args.extend(["--inbound-addr".into(), format!("{ip}:15008")]);
-                    let name = format!("ringway-{}-{}", spec.key, spec.nodes[i]);
-                    let p = Supervised::ringway(ns, bin, &name, &args, &a.log_level, logs)?;
-                    pair.proxies.push(p);
+                    Supervised::ringway(pod, b.bin, &name, &args, &b.a.log_level, b.logs)?
                 }
-            }
+            };
+            pair.proxies.push(p);
         }
         progress(&format!(
             "{}: pods {} → {}, ringway pids {:?}",
             spec.label,
             spec.client(),
             spec.server(),
-            pair.proxies.iter().map(|p| p.pid()).collect::<Vec<_>>()
+            pair.procs().roots
         ));
         Ok(pair)
     }
@@ -671,35 +659,46 @@ impl Pair {
     }
 
     fn check_alive(&mut self) -> anyhow::Result<()> {
-        for p in &mut self.proxies {
-            p.check_alive()?;
-        }
-        Ok(())
+        self.proxies
+            .iter_mut()
+            .try_for_each(Supervised::check_alive)
+    }
+
+    /// Runs `s` on a thread inside the client pod, to the server pod's
+    /// sink, charging this column's ringways.
+    fn measure(&self, s: &Scenario) -> anyhow::Result<Measured> {
+        let dialer = Dialer::direct(SocketAddr::from((self.spec.server(), SINK_PORT)));
+        let (s, procs) = (s.clone(), self.procs());
+        Ok(rig::in_netns(&self.client.name, move || {
+            s.run(&dialer, &procs)
+        })??)
     }
 }
 
-/// What a scenario needs of a column.
-struct Mode {
-    key: &'static str,
-    label: &'static str,
-    client_ns: String,
-    server_ip: Ipv4Addr,
-    procs: Processes,
+/// The comparison's scenarios: one stream up, 1 B request/response on
+/// one connection, one new connection at a time. The warm-up, the rounds
+/// and the system-call counts differ only in how much they run.
+fn up(bytes: u64) -> Scenario {
+    Scenario::Throughput(throughput::Params {
+        streams: 1,
+        bytes_per_stream: bytes,
+        direction: throughput::Direction::Up,
+    })
 }
 
-impl Mode {
-    fn dialer(&self) -> Dialer {
-        Dialer::direct(SocketAddr::from((self.server_ip, SINK_PORT)))
-    }
+fn rr1(requests: u64) -> Scenario {
+    Scenario::Rr(rr::Params {
+        size: 1,
+        connections: 1,
+        limit: Limit::Count(requests),
+    })
+}
 
-    /// Runs `f` with the dialer on a thread inside the client pod.
-    fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Dialer, &Processes) -> std::io::Result<T> + Send + 'static,
-    ) -> anyhow::Result<T> {
-        let (d, p) = (self.dialer(), self.procs.clone());
-        Ok(rig::in_netns(&self.client_ns, move || f(&d, &p))??)
-    }
+fn connect1(connections: u64) -> Scenario {
+    Scenario::Connect(connect::Params {
+        concurrency: 1,
+        limit: Limit::Count(connections),
+    })
 }
 
 /// The metrics of the comparison: (id, label, scenario, higher is better,
@@ -764,106 +763,61 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
     let Bench { a, work, logs, .. } = *b;
     let specs = specs(!a.no_orig_src_column);
     let config = work.join("mesh.yaml");
-    let mut workloads = Vec::new();
-    for s in &specs {
-        let [c, sv] = s.names();
-        workloads.push((c, s.k8s_ns.to_string(), s.client(), s.nodes[0].to_string()));
-        workloads.push((sv, s.k8s_ns.to_string(), s.server(), s.nodes[1].to_string()));
-    }
-    std::fs::write(&config, mesh(&workloads))?;
-    let ca = work.join("ca");
+    std::fs::write(&config, mesh(&specs))?;
     let mut pairs = Vec::new();
     for s in &specs {
-        pairs.push(Pair::start(s, b, &config, &ca)?);
+        pairs.push(Pair::start(s, b, &config)?);
     }
-    let modes: Vec<Mode> = specs
-        .iter()
-        .zip(&pairs)
-        .map(|(s, p)| Mode {
-            key: s.key,
-            label: s.label,
-            client_ns: p.client.name.clone(),
-            server_ip: s.server(),
-            procs: p.procs(),
-        })
-        .collect();
-    let base = modes.iter().position(|m| m.key == BASELINE).unwrap();
-    let check_alive = |pairs: &mut Vec<Pair>| -> anyhow::Result<()> {
-        for p in pairs.iter_mut() {
-            p.check_alive()?;
-        }
-        Ok(())
-    };
+    let base = specs.iter().position(|s| s.key == BASELINE).unwrap();
+    let check_alive = |pairs: &mut [Pair]| pairs.iter_mut().try_for_each(Pair::check_alive);
 
     // Warm-up (certificates, HBONE pools), then proof that each path goes
     // through its ringways: both spent CPU on it, and the client pod holds
     // an HBONE connection to the server pod's 15008. What the server
     // pod's application saw as the peer is recorded (the client's address
     // with --orig-src, else the server pod's own).
-    let warm_up = [
-        Scenario::Connect(connect::Params {
-            concurrency: 1,
-            limit: Limit::Count(200),
-        }),
-        Scenario::Throughput(throughput::Params {
-            streams: 1,
-            bytes_per_stream: 64 << 20,
-            direction: throughput::Direction::Up,
-        }),
-        Scenario::Rr(rr::Params {
-            size: 1,
-            connections: 1,
-            limit: Limit::Count(2000),
-        }),
-    ];
     let mut paths = serde_json::Map::new();
-    for (m, spec) in modes.iter().zip(&specs) {
-        let before: Vec<f64> = m
-            .procs
-            .roots
-            .iter()
-            .map(|&p| procstat::cpu_seconds(p).unwrap_or(0.0))
-            .collect();
-        let who = ask_whoami(&m.client_ns, SocketAddr::from((m.server_ip, WHOAMI_PORT)))
-            .with_context(|| format!("{}: first connection", m.label))?;
-        for w in &warm_up {
-            let w = w.clone();
-            if let Some(e) = m.run(move |d, p| w.run(d, p))?.warning {
-                bail!("{}: warm-up: {e}", m.label);
+    for p in &pairs {
+        let (spec, client_ns, server_ip) = (p.spec, &p.client.name, p.spec.server());
+        let roots = p.procs().roots;
+        let cpu = || {
+            roots
+                .iter()
+                .map(|&pid| procstat::cpu_seconds(pid).unwrap_or(0.0))
+        };
+        let before: Vec<f64> = cpu().collect();
+        let who = ask_whoami(client_ns, SocketAddr::from((server_ip, WHOAMI_PORT)))
+            .with_context(|| format!("{}: first connection", spec.label))?;
+        for w in [connect1(200), up(64 << 20), rr1(2000)] {
+            if let Some(e) = p.measure(&w)?.warning {
+                bail!("{}: warm-up: {e}", spec.label);
             }
         }
-        let spent: Vec<f64> = m
-            .procs
-            .roots
-            .iter()
-            .zip(&before)
-            .map(|(&p, b)| procstat::cpu_seconds(p).unwrap_or(0.0) - b)
-            .collect();
+        let spent: Vec<f64> = cpu().zip(&before).map(|(c, b)| c - b).collect();
         ensure!(
             spent.iter().all(|&c| c > 0.0),
             "{}: a ringway spent no CPU on the warm-up (CPU s {spent:?}): the traffic did not go through both",
-            m.label
+            spec.label
         );
-        let hbone = established_to(&m.client_ns, SocketAddr::from((m.server_ip, 15008)));
+        let hbone = established_to(client_ns, SocketAddr::from((server_ip, 15008)));
         ensure!(
             hbone > 0,
-            "{}: no HBONE connection from the client pod to {}:15008 after the warm-up",
-            m.label,
-            m.server_ip
+            "{}: no HBONE connection from the client pod to {server_ip}:15008 after the warm-up",
+            spec.label,
         );
         let peer = if who == spec.client().to_string() {
             "the client pod's address"
-        } else if who == spec.server().to_string() {
+        } else if who == server_ip.to_string() {
             "the server pod's own address"
         } else {
             "another address"
         };
         progress(&format!(
-            "{}: warmed up; ringways' CPU s {spent:.2?}, {hbone} HBONE connection(s) to {}:15008, the server application saw {who} ({peer})",
-            m.label, m.server_ip
+            "{}: warmed up; ringways' CPU s {spent:.2?}, {hbone} HBONE connection(s) to {server_ip}:15008, the server application saw {who} ({peer})",
+            spec.label
         ));
         paths.insert(
-            m.key.into(),
+            spec.key.into(),
             json!({
                 "server_app_saw_peer": who,
                 "hbone_connections_from_client_pod": hbone,
@@ -874,25 +828,10 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
     check_alive(&mut pairs)?;
 
     // The columns' samples of every metric, in the suite's collector.
-    let mut samples = Collector::new(modes.iter().map(|m| m.key.to_string()).collect());
-    let scenarios = [
-        Scenario::Throughput(throughput::Params {
-            streams: 1,
-            bytes_per_stream: a.bytes,
-            direction: throughput::Direction::Up,
-        }),
-        Scenario::Rr(rr::Params {
-            size: 1,
-            connections: 1,
-            limit: Limit::Count(a.requests),
-        }),
-        Scenario::Connect(connect::Params {
-            concurrency: 1,
-            limit: Limit::Count(a.connections),
-        }),
-    ];
+    let mut samples = Collector::new(specs.iter().map(|s| s.key.to_string()).collect());
+    let scenarios = [up(a.bytes), rr1(a.requests), connect1(a.connections)];
     let mut rounds = Vec::new();
-    let n = modes.len();
+    let n = specs.len();
     for round in 0..a.rounds {
         // Each column goes first in turn.
         let order: Vec<usize> = (0..n).map(|i| (i + round) % n).collect();
@@ -900,20 +839,19 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
             "round {}/{}: {} first",
             round + 1,
             a.rounds,
-            modes[order[0]].label
+            specs[order[0]].label
         ));
         let mut this = json!({
             "round": round + 1,
-            "order": order.iter().map(|&i| modes[i].key).collect::<Vec<_>>(),
+            "order": order.iter().map(|&i| specs[i].key).collect::<Vec<_>>(),
         });
         for scenario in &scenarios {
             // "throughput", "rr" or "connect".
             let id = scenario.id();
             let kind = id.split('.').next().unwrap_or_default();
             for &i in &order {
-                let m = &modes[i];
-                let sc = scenario.clone();
-                let r = m.run(move |d, p| sc.run(d, p))?;
+                let m = pairs[i].spec;
+                let r = pairs[i].measure(scenario)?;
                 if let (Scenario::Connect(_), Some(w)) = (scenario, &r.warning) {
                     bail!("{}: {w}", m.label);
                 }
@@ -925,17 +863,13 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
                 ));
                 for &(key, label, sc, higher, digits, from) in &METRICS {
                     let from = format!("{id}.{from}");
-                    let Some((_, v)) = r.metrics.iter().find(|(d, _)| sc == kind && d.id == from)
-                    else {
-                        continue;
-                    };
-                    let scale = if from.ends_with(".cpu_per_1k") {
-                        1e3
-                    } else {
-                        1.0
-                    };
-                    let def = MetricDef::new(key, sc, label, higher, digits);
-                    samples.add(&def, i, v * scale);
+                    if let Some((_, v)) = r.metrics.iter().find(|(d, _)| sc == kind && d.id == from)
+                    {
+                        // The suite's CPU per 1k is in seconds, ours in ms.
+                        let ms = from.ends_with(".cpu_per_1k");
+                        let def = MetricDef::new(key, sc, label, higher, digits);
+                        samples.add(&def, i, if ms { v * 1e3 } else { *v });
+                    }
                 }
                 this[m.key][kind] = r.raw;
             }
@@ -948,39 +882,26 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
     let mut syscalls = Value::Null;
     if !a.no_syscalls {
         let mut per_mode = serde_json::Map::new();
-        for m in &modes {
-            let tids = m.procs.threads();
+        for p in &pairs {
+            let tids = p.procs().threads();
             let named = ["setns", "io_uring_enter", "socket", "connect", "close"];
             // Per connection / request: what the scenario's result counted.
             let count = |s: Scenario, unit: &str| -> anyhow::Result<(Value, u64)> {
-                let (r, c) = kernel::count_around(&tids, &named, || m.run(move |d, p| s.run(d, p)));
+                let (r, c) = kernel::count_around(&tids, &named, || p.measure(&s));
                 let n = r?.raw[unit].as_u64().unwrap_or(0);
                 Ok((per_unit(&c, n), n))
             };
-            let (conn, connections) = count(
-                Scenario::Connect(connect::Params {
-                    concurrency: 1,
-                    limit: Limit::Count(a.connections.min(1000)),
-                }),
-                "connections",
-            )?;
-            let (req, requests) = count(
-                Scenario::Rr(rr::Params {
-                    size: 1,
-                    connections: 1,
-                    limit: Limit::Count(a.requests.min(5000)),
-                }),
-                "requests",
-            )?;
+            let (conn, connections) = count(connect1(a.connections.min(1000)), "connections")?;
+            let (req, requests) = count(rr1(a.requests.min(5000)), "requests")?;
             progress(&format!(
                 "  {:26} system calls: {} per connection ({} setns), {} per request",
-                m.label,
+                p.spec.label,
                 fmt_num(conn["syscalls"].as_f64(), 1),
                 fmt_num(conn["by_type"]["setns"].as_f64().or(Some(0.0)), 2),
                 fmt_num(req["syscalls"].as_f64(), 2),
             ));
             per_mode.insert(
-                m.key.into(),
+                p.spec.key.into(),
                 json!({
                     "connect": conn, "connections": connections,
                     "rr": req, "requests": requests,
@@ -1000,35 +921,35 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
     // Medians, and ratios over the node-level column.
     let summary = samples.summarize(base);
     let (mut medians, mut raw, mut ratios) = (json!({}), json!({}), json!({}));
-    for (mi, m) in modes.iter().enumerate() {
+    for (mi, s) in specs.iter().enumerate() {
         for (id, ..) in METRICS {
             let row = summary.iter().find(|r| r.def.id == id);
             let v = row.map(|r| &r.values[mi]);
-            medians[m.key][id] = json!(v.and_then(|v| v.median));
-            raw[m.key][id] = json!(v.map_or(&[][..], |v| &v.samples));
+            medians[s.key][id] = json!(v.and_then(|v| v.median));
+            raw[s.key][id] = json!(v.map_or(&[][..], |v| &v.samples));
             if mi != base {
-                ratios[m.key][id] = json!(v.and_then(|v| v.ratio_vs_direct));
+                ratios[s.key][id] = json!(v.and_then(|v| v.ratio_vs_direct));
             }
         }
     }
-    let columns: Vec<Value> = specs
+    let columns: Vec<Value> = pairs
         .iter()
-        .zip(&modes)
-        .map(|(s, m)| {
+        .map(|p| {
+            let s = p.spec;
             json!({
                 "key": s.key,
                 "label": s.label,
                 "client": s.client().to_string(),
                 "server": s.server().to_string(),
                 "nodes": s.nodes,
-                "ringway_pids": m.procs.roots,
-                "ringway_cores": pairs_cores(logs, s),
+                "ringway_pids": p.procs().roots,
+                "ringway_cores": s.nodes.map(|n| cores_of(logs, &format!("ringway-{}-{n}", s.key))),
                 "orig_src": match s.kind { Kind::InPod(v) => json!(v.unwrap_or(true)), Kind::NodeLevel => json!(false) },
                 "path": paths[s.key],
             })
         })
         .collect();
-    let out = json!({
+    Ok(json!({
         "baseline": BASELINE,
         "columns": columns,
         "metrics": METRICS.iter().map(|m| json!({"id": m.0, "label": m.1, "scenario": m.2, "higher_is_better": m.3})).collect::<Vec<_>>(),
@@ -1038,16 +959,7 @@ fn side_by_side(b: &Bench) -> anyhow::Result<Value> {
         "rounds": rounds,
         "syscalls": syscalls,
         "ringway_warn_or_error_lines": warnings,
-    });
-    drop(pairs);
-    Ok(out)
-}
-
-fn pairs_cores(logs: &Path, s: &Spec) -> Vec<Option<u64>> {
-    s.nodes
-        .iter()
-        .map(|n| cores_of(logs, &format!("ringway-{}-{n}", s.key)))
-        .collect()
+    }))
 }
 
 /// Counted system calls per connection / request.
@@ -1066,6 +978,19 @@ fn per_unit(c: &Result<kernel::Counted, String>, n: u64) -> Value {
 
 // ---------------------------------------------------------------------------
 // Report.
+
+/// A Markdown table's head: the `first` columns, then one per label
+/// (numbers, right-aligned). The comparison and its system calls have a
+/// column per path, so both heads are built the same way.
+fn head(first: &[&str], labels: &[String]) -> String {
+    format!(
+        "| {} | {} |\n|{}{}\n",
+        first.join(" | "),
+        labels.join(" | "),
+        "---|".repeat(first.len()),
+        "---:|".repeat(labels.len())
+    )
+}
 
 fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
     let mut s = String::new();
@@ -1094,33 +1019,26 @@ fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
         );
         s += "| agent request → ack | p50 ms | p90 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|\n";
         for k in ["add", "del"] {
-            let v = &pods[k];
-            s += &format!(
-                "| `{k}` | {} | {} | {} | {} |\n",
-                f(&v["p50_ms"], 2),
-                f(&v["p90_ms"], 2),
-                f(&v["p99_ms"], 2),
-                f(&v["max_ms"], 2)
-            );
+            s += &format!("| `{k}` |");
+            for p in ["p50_ms", "p90_ms", "p99_ms", "max_ms"] {
+                s += &format!(" {} |", f(&pods[k][p], 2));
+            }
+            s += "\n";
         }
         s += &format!(
             "\n| process | 0 pods | {} pods | after deleting all | per pod |\n|---|---:|---:|---:|---:|\n",
             pods["pods"]
         );
-        s += &format!(
-            "| RSS KiB | {} | {} | {} | {} |\n",
-            pods["rss_kib"]["zero_pods"],
-            pods["rss_kib"]["with_pods"],
-            pods["rss_kib"]["after_del"],
-            f(&pods["per_pod"]["rss_kib"], 1)
-        );
-        s += &format!(
-            "| open fds | {} | {} | {} | {} |\n",
-            pods["fds"]["zero_pods"],
-            pods["fds"]["with_pods"],
-            pods["fds"]["after_del"],
-            f(&pods["per_pod"]["fds"], 2)
-        );
+        for (row, k, digits) in [("RSS KiB", "rss_kib", 1), ("open fds", "fds", 2)] {
+            let v = &pods[k];
+            s += &format!(
+                "| {row} | {} | {} | {} | {} |\n",
+                v["zero_pods"],
+                v["with_pods"],
+                v["after_del"],
+                f(&pods["per_pod"][k], digits)
+            );
+        }
         if pods["late_core_warnings"].as_u64().unwrap_or(0) > 0 {
             s += &format!(
                 "\nringway logged {} \"not every core …\" warnings\n",
@@ -1143,53 +1061,38 @@ fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
             a.requests,
             a.connections
         );
-        s += "| scenario | metric |";
-        let mut rule = String::from("|---|---|");
+        let label = |c: &Value| c["label"].as_str().unwrap_or("?").to_string();
+        let key = |c: &Value| c["key"].as_str().unwrap_or("?").to_string();
+        let mut labels = Vec::new();
         for c in &cols {
-            s += &format!(" {} |", c["label"].as_str().unwrap_or("?"));
-            rule += "---:|";
-            if c["key"] != BASELINE {
-                s += &format!(" {} ÷ node-level |", c["label"].as_str().unwrap_or("?"));
-                rule += "---:|";
+            labels.push(label(c));
+            if key(c) != BASELINE {
+                labels.push(format!("{} ÷ node-level", label(c)));
             }
         }
-        s += &format!("\n{rule}\n");
+        s += &head(&["scenario", "metric"], &labels);
         for (id, label, scenario, higher, digits, _) in METRICS {
-            s += &format!(
-                "| {scenario} | {label} ({}) |",
-                if higher {
-                    "higher is better"
-                } else {
-                    "lower is better"
-                }
-            );
-            for c in &cols {
-                let key = c["key"].as_str().unwrap_or("?");
-                s += &format!(" {} |", f(&cmp["medians"][key][id], digits));
-                if key != BASELINE {
-                    s += &format!(" {} |", f(&cmp["ratios_over_node"][key][id], 3));
+            let better = if higher { "higher" } else { "lower" };
+            s += &format!("| {scenario} | {label} ({better} is better) |");
+            for k in cols.iter().map(key) {
+                s += &format!(" {} |", f(&cmp["medians"][&k][id], digits));
+                if k != BASELINE {
+                    s += &format!(" {} |", f(&cmp["ratios_over_node"][&k][id], 3));
                 }
             }
             s += "\n";
         }
         s += "\nWhat the server pod's application saw as the peer:";
         for c in &cols {
-            s += &format!(
-                " {}: {};",
-                c["label"].as_str().unwrap_or("?"),
-                c["path"]["server_app_saw_peer"].as_str().unwrap_or("?")
-            );
+            let saw = c["path"]["server_app_saw_peer"].as_str().unwrap_or("?");
+            s += &format!(" {}: {saw};", label(c));
         }
         s.pop();
         s += ".\n";
         if let Some(sys) = cmp["syscalls"].as_object() {
-            s += "\n| system calls (both ringways) |";
-            let mut rule = String::from("|---|");
-            for c in &cols {
-                s += &format!(" {} |", c["label"].as_str().unwrap_or("?"));
-                rule += "---:|";
-            }
-            s += &format!("\n{rule}\n");
+            let labels: Vec<String> = cols.iter().map(label).collect();
+            s += "\n";
+            s += &head(&["system calls (both ringways)"], &labels);
             let rows: [(&str, &[&str]); 6] = [
                 ("per connection", &["connect", "syscalls"]),
                 ("per connection: setns", &["connect", "by_type", "setns"]),
@@ -1207,18 +1110,11 @@ fn table(a: &Args, m: &machine::Machine, pods: &Value, cmp: &Value) -> String {
             for (label, path) in rows {
                 s += &format!("| {label} |");
                 for c in &cols {
-                    let mut v = &sys[c["key"].as_str().unwrap_or("?")];
-                    for p in path {
-                        v = &v[*p];
-                    }
+                    let col = &sys[&key(c)];
+                    let v = path.iter().fold(col, |v, p| &v[*p]);
                     // A type never seen was not called.
                     let shown = match (v.as_f64(), path.len() == 3) {
-                        (None, true)
-                            if sys[c["key"].as_str().unwrap_or("?")]["connect"]["syscalls"]
-                                .is_number() =>
-                        {
-                            "0".to_string()
-                        }
+                        (None, true) if col["connect"]["syscalls"].is_number() => "0".into(),
                         _ => f(v, 2),
                     };
                     s += &format!(" {shown} |");

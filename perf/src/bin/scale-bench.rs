@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use ringway_benchkit::{live_bytes, peak_bytes, reset_peak, Counting};
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::certs;
@@ -188,6 +188,14 @@ impl Shape {
         ids.len()
     }
 
+    /// Services in the file: none without workloads (nothing backs them).
+    fn listed_services(&self) -> usize {
+        match self.workloads {
+            0 => 0,
+            _ => self.services,
+        }
+    }
+
     /// `ns/name/sa` of workload 0, the one ztunnel speaks for.
     fn proxy_workload(&self) -> String {
         format!(
@@ -200,17 +208,17 @@ impl Shape {
 
     /// The LOCAL_XDS YAML, in the stricter of the two dialects (ztunnel
     /// wants `services` and `trustDomain` on every workload).
-    fn write(&self, out: &mut impl Write) -> std::io::Result<()> {
+    fn write<W: Write>(&self, out: &mut W) -> std::io::Result<()> {
         writeln!(
             out,
             "# ringway-perf scale-bench: {} workloads, {} services",
             self.workloads, self.services
         )?;
-        if self.workloads == 0 {
-            writeln!(out, "workloads: []")?;
-        } else {
-            writeln!(out, "workloads:")?;
-        }
+        // A list's key, and `[]` if it has no items.
+        let list = |out: &mut W, key: &str, n: usize| {
+            writeln!(out, "{key}:{}", if n == 0 { " []" } else { "" })
+        };
+        list(out, "workloads", self.workloads)?;
         for i in 0..self.workloads {
             let s = self.service_of(i);
             let ns = self.namespace(s);
@@ -232,17 +240,8 @@ impl Shape {
                 host = self.hostname(s),
             )?;
         }
-        let services = if self.workloads == 0 {
-            0
-        } else {
-            self.services
-        };
-        if services == 0 {
-            writeln!(out, "services: []")?;
-        } else {
-            writeln!(out, "services:")?;
-        }
-        for s in 0..services {
+        list(out, "services", self.listed_services())?;
+        for s in 0..self.listed_services() {
             // 10.96.0.0/12, like a service CIDR.
             let vip = std::net::Ipv4Addr::from(0x0a60_0000u32 + s as u32 + 1);
             write!(
@@ -313,14 +312,10 @@ enum Kind {
 }
 
 impl Kind {
-    fn key(self) -> &'static str {
-        match self {
-            Kind::Ringway => "ringway",
-            Kind::RingwayNode => "ringway-node",
-            Kind::RingwayNoDecay => "ringway-nodecay",
-            Kind::RingwayBgThread => "ringway-bgthread",
-            Kind::Ztunnel => "ztunnel",
-        }
+    /// Its name on the command line, which the results and logs use too.
+    fn key(self) -> String {
+        let v = self.to_possible_value().expect("no variant is skipped");
+        v.get_name().to_string()
     }
 
     fn label(self) -> &'static str {
@@ -342,7 +337,7 @@ impl Kind {
 
 #[derive(Default, Clone, serde::Serialize)]
 struct Run {
-    variant: &'static str,
+    variant: String,
     workloads: usize,
     services: usize,
     identities: usize,
@@ -402,17 +397,18 @@ impl Bench {
         let pid = started.proc.pid();
         let ready = started.proc.startup;
         let t0 = Instant::now() - ready;
-        let sample_at = |secs: f64| -> anyhow::Result<BTreeMap<String, u64>> {
+        // /proc/PID/status and CPU seconds, `secs` after ready.
+        let sample_at = |secs: f64| -> anyhow::Result<(BTreeMap<String, u64>, Option<f64>)> {
             let at = t0 + ready + Duration::from_secs_f64(secs);
             if let Some(wait) = at.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            proc_status(pid).with_context(|| format!("{name} exited: see {}", log.display()))
+            let status = proc_status(pid)
+                .with_context(|| format!("{name} exited: see {}", log.display()))?;
+            Ok((status, ringway_perf::procstat::cpu_seconds(pid).ok()))
         };
-        let early = sample_at(self.args.early)?;
-        let cpu_early = ringway_perf::procstat::cpu_seconds(pid).ok();
-        let steady = sample_at(self.args.steady)?;
-        let cpu_steady = ringway_perf::procstat::cpu_seconds(pid).ok();
+        let (early, cpu_early) = sample_at(self.args.early)?;
+        let (steady, cpu_steady) = sample_at(self.args.steady)?;
         let idle_cpu_percent = match (cpu_early, cpu_steady) {
             (Some(a), Some(b)) if self.args.steady > self.args.early => {
                 Some(100.0 * (b - a) / (self.args.steady - self.args.early))
@@ -422,11 +418,7 @@ impl Bench {
         let mut run = Run {
             variant: kind.key(),
             workloads: shape.workloads,
-            services: if shape.workloads == 0 {
-                0
-            } else {
-                shape.services
-            },
+            services: shape.listed_services(),
             identities: shape.identities(),
             file_bytes,
             ready_secs: ready.as_secs_f64(),
@@ -549,6 +541,18 @@ struct Heap {
     identities: usize,
 }
 
+/// `f`'s result, the most heap live while it ran and what it left live,
+/// both in bytes above `base`: every step of the accounting is counted
+/// this way.
+fn counted<T, E: std::fmt::Display>(
+    base: isize,
+    f: impl FnOnce() -> Result<T, E>,
+) -> anyhow::Result<(T, isize, isize)> {
+    reset_peak();
+    let v = f().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok((v, peak_bytes() - base, live_bytes() - base))
+}
+
 fn heap_accounting(
     shape: Shape,
     mesh: &Path,
@@ -556,21 +560,12 @@ fn heap_accounting(
     work: &Path,
 ) -> anyhow::Result<Heap> {
     let text = std::fs::read_to_string(mesh)?;
-    let base = live_bytes();
-    reset_peak();
-    let parsed = local::parse(&text, "mesh").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let parse_peak = peak_bytes() - base;
-    let model = live_bytes() - base;
+    let (parsed, parse_peak, model) = counted(live_bytes(), || local::parse(&text, "mesh"))?;
     drop(parsed);
     let base = live_bytes();
-    reset_peak();
-    let snap = local::load_snapshot(&text, "mesh").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let load_peak = peak_bytes() - base;
-    let snapshot = live_bytes() - base;
-    reset_peak();
-    let again = local::load_snapshot(&text, "mesh").map_err(|e| anyhow::anyhow!("{e}"))?;
-    let second_load_peak = peak_bytes() - base;
-    drop(again);
+    let (snap, load_peak, snapshot) = counted(base, || local::load_snapshot(&text, "mesh"))?;
+    // The second snapshot goes at once; the first one stays counted.
+    let (_, second_load_peak, _) = counted(base, || local::load_snapshot(&text, "mesh"))?;
     let identities = certs::wanted_identities(&snap, None);
     let n_ids = identities.len();
     let ca_dir = work.join("heap-ca");
@@ -578,11 +573,10 @@ fn heap_accounting(
         .map_err(|e| anyhow::anyhow!("CA in {}: {e}", ca_dir.display()))?;
     let chosen: Vec<_> = identities.into_iter().take(certs_to_issue).collect();
     let issued = chosen.len();
-    let base = live_bytes();
-    let certs = certs::issue_all(&ca, chosen, Duration::from_secs(24 * 3600))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let day = Duration::from_secs(24 * 3600);
+    let (certs, _, certs_bytes) = counted(live_bytes(), || certs::issue_all(&ca, chosen, day))?;
     let per_certificate = if issued > 0 {
-        (live_bytes() - base) as f64 / issued as f64
+        certs_bytes as f64 / issued as f64
     } else {
         0.0
     };
@@ -677,11 +671,8 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
     );
     let _ = writeln!(
         md,
-        "| mesh (workloads / services) | variant | ready | RSS at 2 s | RSS at 15 s | peak (VmHWM) | bytes/workload (15 s) | idle CPU | ÷ ztunnel: ready | RSS 2 s | RSS 15 s | peak | bytes/workload |"
-    );
-    let _ = writeln!(
-        md,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| mesh (workloads / services) | variant | ready | RSS at 2 s | RSS at 15 s | peak (VmHWM) | bytes/workload (15 s) | idle CPU | ÷ ztunnel: ready | RSS 2 s | RSS 15 s | peak | bytes/workload |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for &n in &sizes {
         let zt = find(Kind::Ztunnel, n);
@@ -736,29 +727,34 @@ fn report(runs: &[Run], kinds: &[Kind]) -> String {
              RAM, metadata included; retained = address space kept, not resident; VmRSS − \
              resident = everything else (binary, stacks, rings):\n"
         );
+        let counters = [
+            "allocated",
+            "active",
+            "metadata",
+            "dirty",
+            "muzzy",
+            "resident",
+            "retained",
+        ];
         let _ = writeln!(
             md,
-            "| mesh | variant | certificates | allocated | active | metadata | dirty | muzzy | resident | retained | VmRSS |"
+            "| mesh | variant | certificates | {} | VmRSS |\n|---|---|---:|{}---:|",
+            counters.join(" | "),
+            "---:|".repeat(counters.len())
         );
-        let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in alloc {
             let a = r.allocator.as_ref().expect("filtered");
-            let get = |k: &str| a[k].as_u64().map_or("–".into(), mib);
-            let _ = writeln!(
+            let _ = write!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} |",
                 mesh_label(r.workloads, r.services),
                 r.variant,
                 r.certificates.map_or("–".into(), |c| c.to_string()),
-                get("allocated"),
-                get("active"),
-                get("metadata"),
-                get("dirty"),
-                get("muzzy"),
-                get("resident"),
-                get("retained"),
-                mib(r.rss_steady()),
             );
+            for k in counters {
+                let _ = write!(md, " {} |", a[k].as_u64().map_or("–".into(), mib));
+            }
+            let _ = writeln!(md, " {} |", mib(r.rss_steady()));
         }
     }
     let files: Vec<String> = sizes

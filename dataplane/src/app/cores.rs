@@ -59,7 +59,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         metrics,
         pods,
     } = seed;
-    let (force_tx, force_close) = watch::channel(false);
+    let force_close = crate::io::latch::Latch::new();
     let poller: Rc<Poller> = executor::poller();
     let setup = poller.setup();
     tracing::info!(
@@ -105,7 +105,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         certs,
         metrics,
         shutdown.clone(),
-        force_close,
+        force_close.clone(),
         control,
         feed.current(),
     ));
@@ -180,6 +180,16 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                 s.pipes_held.set(pipes as u64);
                 s.buffers_held.set(buffers as u64);
                 s.tasks.set(executor::task_count() as u64);
+                let ring = core.poller.stats();
+                s.ring_enters.set(ring.enters);
+                s.ring_completions.set(ring.completions);
+                s.ring_sends.set(ring.sends);
+                s.ring_quiet_sends.set(ring.quiet_sends);
+                s.ring_short_sends.set(ring.short_sends);
+                s.ring_starved.set(ring.starved);
+                s.ring_compacted_bytes.set(ring.compacted_bytes);
+                s.ring_free_buffers
+                    .set(core.poller.free_recv_buffers() as u64);
                 executor::timer::sleep(Duration::from_secs(1)).await;
             }
         })
@@ -211,7 +221,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
             open = core.open.get(),
             "drain deadline reached; closing the remaining connections"
         );
-        let _ = force_tx.send(true);
+        force_close.set();
         // Let the cancelled connections run their drop (close, access log).
         let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
     }

@@ -59,7 +59,7 @@ pub struct CoreInputs {
     pub shutdown: watch::Receiver<bool>,
     /// Flips to true at the drain deadline: every connection still open is
     /// cancelled (and so logged and closed).
-    pub force_close: watch::Receiver<bool>,
+    pub force_close: Rc<crate::io::latch::Latch>,
     /// The core's current snapshot. Connections clone the `Rc` (no atomic
     /// traffic between cores); the core's watcher task swaps it on publish
     /// ([`replace_snapshot`](Self::replace_snapshot)).
@@ -88,7 +88,7 @@ impl CoreInputs {
         certs: Rc<Certificates>,
         metrics: CoreMetrics,
         shutdown: watch::Receiver<bool>,
-        force_close: watch::Receiver<bool>,
+        force_close: Rc<crate::io::latch::Latch>,
         control: ControlHandles,
         snapshot: Arc<Snapshot>,
     ) -> Self {
@@ -200,10 +200,7 @@ pub fn spawn_cancellable(
 /// Resolves when connections must end now: at the drain deadline (or when
 /// the core is gone), or when their pod was removed and its drain is over.
 pub fn cancelled(core: &CoreInputs, pod: Option<&PodScope>) -> impl Future<Output = ()> + 'static {
-    let mut force_close = core.force_close.clone();
-    let deadline = async move {
-        let _ = force_close.wait_for(|closing| *closing).await;
-    };
+    let deadline = core.force_close.wait();
     let pod_closed = pod.map(|p| p.closed());
     futures_lite::future::or(deadline, async move {
         match pod_closed {

@@ -141,7 +141,7 @@ pub struct PodScope {
     open: OpenCount,
     /// Flips to true when the pod's connections must end now (the pod was
     /// removed and its drain time is up).
-    closing: watch::Sender<bool>,
+    closing: Rc<crate::io::latch::Latch>,
 }
 
 impl PodScope {
@@ -150,7 +150,7 @@ impl PodScope {
             entry,
             workload: RefCell::new(None),
             open: Default::default(),
-            closing: watch::channel(false).0,
+            closing: crate::io::latch::Latch::new(),
         }
     }
 
@@ -216,20 +216,17 @@ impl PodScope {
 
     /// Ends every connection of the pod still open.
     pub fn close(&self) {
-        self.closing.send_replace(true);
+        self.closing.set();
     }
 
     /// The pod was removed and its drain is over.
     pub fn is_closed(&self) -> bool {
-        *self.closing.borrow()
+        self.closing.is_set()
     }
 
     /// Resolves when [`close`](Self::close) is called.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + 'static {
-        let mut rx = self.closing.subscribe();
-        async move {
-            let _ = rx.wait_for(|c| *c).await;
-        }
+        self.closing.wait()
     }
 }
 

@@ -15,10 +15,12 @@
 //! - [`netns`]: making sockets inside a pod's network namespace.
 //! - [`listener`]: REUSEPORT listeners, bound per core on the main thread.
 //! - [`count`]: core-local counters: bytes moved, things open.
+//! - [`latch`]: a core-local one-shot signal (drain, pod removal).
 
 pub mod copy;
 pub mod count;
 pub mod executor;
+pub mod latch;
 pub mod listener;
 pub mod netns;
 pub mod socket;

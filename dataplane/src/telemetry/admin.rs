@@ -130,6 +130,16 @@ impl Admin {
                     "buffersHeld": s.buffers_held.get(),
                     "tasks": s.tasks.get(),
                     "pods": s.pods.get(),
+                    "ring": {
+                        "enters": s.ring_enters.get(),
+                        "completions": s.ring_completions.get(),
+                        "sends": s.ring_sends.get(),
+                        "quietSends": s.ring_quiet_sends.get(),
+                        "shortSends": s.ring_short_sends.get(),
+                        "recvStarved": s.ring_starved.get(),
+                        "compactedBytes": s.ring_compacted_bytes.get(),
+                        "freeRecvBuffers": s.ring_free_buffers.get(),
+                    },
                     "taskPanics": s.task_panics.get(),
                     "lateRejections": s.late_rejections.get(),
                 })

@@ -140,6 +140,16 @@ pub struct CoreStats {
     pub buffers_held: Counter,
     /// Tasks alive on the core.
     pub tasks: Counter,
+    /// What the core's ring did (uring::RingStats, copied once a second).
+    pub ring_enters: Counter,
+    pub ring_completions: Counter,
+    pub ring_sends: Counter,
+    pub ring_quiet_sends: Counter,
+    pub ring_short_sends: Counter,
+    pub ring_starved: Counter,
+    pub ring_compacted_bytes: Counter,
+    /// Receive buffers in the kernel's hands (the rest are being read).
+    pub ring_free_buffers: Counter,
     /// In-pod mode: enrolled pods whose listeners the core serves.
     pub pods: Counter,
     /// From a config message's arrival to this core serving the snapshot
@@ -437,7 +447,7 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
-        let per_core: [PerCore; 9] = [
+        let per_core: [PerCore; 17] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -485,6 +495,54 @@ impl MetricsHub {
                 "gauge",
                 "Tasks alive on a core (the counterpart of tokio's alive tasks)",
                 |s| s.tasks.get(),
+            ),
+            (
+                "ringway_core_ring_enters_total",
+                "counter",
+                "io_uring_enter calls a core made (to sleep, submit, or run deferred completions)",
+                |s| s.ring_enters.get(),
+            ),
+            (
+                "ringway_core_ring_completions_total",
+                "counter",
+                "Completions a core reaped from its ring",
+                |s| s.ring_completions.get(),
+            ),
+            (
+                "ringway_core_ring_sends_total",
+                "counter",
+                "Socket sends a core submitted on its ring",
+                |s| s.ring_sends.get(),
+            ),
+            (
+                "ringway_core_ring_quiet_sends_total",
+                "counter",
+                "Sends submitted without a completion unless short (no wake-up of their own)",
+                |s| s.ring_quiet_sends.get(),
+            ),
+            (
+                "ringway_core_ring_short_sends_total",
+                "counter",
+                "Sends a socket took only part of: the rest waited for room",
+                |s| s.ring_short_sends.get(),
+            ),
+            (
+                "ringway_core_ring_recv_starved_total",
+                "counter",
+                "Receives ended because the core's receive buffer ring was empty",
+                |s| s.ring_starved.get(),
+            ),
+            (
+                "ringway_core_ring_compacted_bytes_total",
+                "counter",
+                "Received bytes copied off the buffer ring because their reader had not taken them",
+                |s| s.ring_compacted_bytes.get(),
+            ),
+            (
+                "ringway_core_ring_free_recv_buffers",
+                "gauge",
+                "Receive buffers in the kernel's hands on a core",
+                |s| s.ring_free_buffers.get(),
             ),
             (
                 "ringway_core_pods",

@@ -1084,12 +1084,16 @@ impl Perf {
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         let out = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stderr);
-        let value = |event: &str| {
-            text.lines()
-                .find(|l| l.contains(event))
-                .and_then(|l| l.split(',').next())
-                .unwrap_or("?")
-                .to_owned()
+        // perf says "<not counted>" for a thread that never ran while
+        // attached: nothing happened on it.
+        let value = |event: &str| match text
+            .lines()
+            .find(|l| l.contains(event))
+            .and_then(|l| l.split(',').next())
+        {
+            Some("<not counted>") => "0 (never ran)".to_owned(),
+            Some(v) => v.to_owned(),
+            None => format!("? ({})", text.trim()),
         };
         format!(
             "perf: syscalls {}, context switches {}",

@@ -4,82 +4,90 @@
 //! handed to the kernel: a stream-verdict program sends every segment that
 //! arrives on one socket straight out of the other, so the proxy is not
 //! woken per message and makes no system call per message. The proxy keeps
-//! the sockets open and waits only for readability, hang-ups and errors
-//! (see [`Redirected`] for what each means); byte counts come from the
-//! kernel (`TCP_INFO` of the destination).
+//! the sockets open and sleeps until a hang-up, an error or the core's
+//! bell (see [`Redirected`] for the protocol); byte counts come from the
+//! kernel.
 //!
-//! No BPF toolchain is needed: the program is a few dozen instructions,
+//! No BPF toolchain is needed: the program is about fifty instructions,
 //! written here with a small typed assembler ([`Insn`], [`Asm`]) and loaded
-//! with the raw `bpf(2)` system call. [`Sockmap::new`] probes every step
-//! (map creation, program load, attach) and says why in [`Unsupported`]
-//! when the kernel refuses, so the caller keeps the normal copy path.
+//! with the raw `bpf(2)` system call. [`Sockmap::new`] makes every kernel
+//! object the redirect needs and says why in [`Unsupported`] when the
+//! kernel refuses one, so the caller keeps the normal copy path.
 //!
-//! # Kernel objects
+//! # Kernel objects (one set per core)
 //! - `targets`: a `SOCKHASH` without programs: `cookie(a) → b`,
-//!   `cookie(b) → a` (the key is the *source* socket's cookie).
+//!   `cookie(b) → a` (keyed by the *source* socket's cookie).
 //! - `verdict`: a `SOCKHASH` keyed by a socket's own cookie, with the
-//!   program attached (`BPF_SK_SKB_STREAM_VERDICT`). Only sockets in this
-//!   map have their arriving data handed to the program.
-//! - `counts`: a `HASH`, `cookie(source) → bytes redirected` since the
-//!   handoff, bit 63 set once the direction has *stalled* (below).
-//! - the program, per arriving segment: an empty one (a bare FIN) is
-//!   dropped; if the direction has stalled, or redirecting this segment
-//!   would take it past the budget, or the target is gone, the direction
-//!   stalls and the segment stays on the socket it arrived on (readable
-//!   as usual); otherwise it goes out of the target's egress and its
-//!   length is added to the count. Nothing with payload is ever dropped.
+//!   program attached (`BPF_SK_SKB_STREAM_VERDICT`): only sockets in it
+//!   have their arriving data handed to the program.
+//! - `counts`: a `HASH`, `cookie(source) → [redirected, kept]`, bit 63 of
+//!   `redirected` set once the direction has stalled.
+//! - `bell`: a ring buffer where the program writes a source's cookie when
+//!   its direction passes half its budget and when it stalls.
+//! - the program ([`verdict_program`]), per arriving segment: an empty one
+//!   (a bare FIN) is dropped; one that fits the budget goes out of the
+//!   target's egress and is counted; otherwise the direction stalls and
+//!   the segment stays on the source, as does everything after it.
+//!   Nothing with payload is ever dropped.
 //!
-//! Three maps, not one, so that a pair is never half in: both sockets are
-//! counted and are redirect targets before either is handed to the
-//! program, and a socket stops being handed to the program before it
-//! stops being a target.
+//! A pair is never half in: both sockets are counted and are targets
+//! before either is handed to the program, and a socket stops being handed
+//! to the program before it stops being a target.
 //!
-//! # What the kernel does (verified on 6.18; each has a test in
+//! # What the kernel does (verified on 6.18; each fact has a test in
 //! `tests/sockmap.rs`)
-//! - **No backpressure.** A redirected segment is taken off the source's
-//!   receive queue at once (its window reopens) and queued on the
-//!   target's psock until a kernel worker (`sk_psock_backlog`) can write
-//!   it. With a destination that does not read, a sender pushed 512 MiB
-//!   into that queue in under half a second. Hence the per-direction
-//!   budget: past it, the direction stalls, data stays on the source
-//!   (charged to its receive buffer, so TCP flow control holds the sender
-//!   back), and the proxy takes the connection back. The kernel memory a
-//!   direction can pin is at most the budget plus the source's receive
-//!   buffer.
+//! - **No backpressure.** A redirected segment leaves the source's receive
+//!   queue at once (its window reopens) and waits on the target's psock
+//!   for a kernel worker to write it. Behind a destination that does not
+//!   read, a sender put 512 MiB into that queue in under half a second.
+//!   Hence the budget ([`Limits::budget`]): it bounds what one direction
+//!   can make the kernel hold, and the bell at half of it tells the proxy
+//!   to take the pair back while that is lossless.
+//! - **Kept data cannot be handed back.** What a stalled direction keeps
+//!   sits on the source's psock, part of it in a backlog that a worker
+//!   moves on later; it leaves with the psock when the socket leaves the
+//!   maps, and while it is there a read can return newer bytes from TCP's
+//!   queue first. Reading it out at a handback lost half a megabyte. So a
+//!   stall means a reset, and the proxy answers the bell before it.
+//! - **The proxy must not poll for `POLLIN`.** The verdict path wakes
+//!   `POLLIN` waiters after every segment (measured: two wake-ups per
+//!   round trip); `POLLRDHUP` and `POLLERR` waiters are not woken. Stalls
+//!   therefore ring a bell rather than making a socket readable.
 //! - **An empty segment breaks the target.** Redirecting a bare FIN makes
-//!   the worker's send return 0, which it treats as a hard error: the
-//!   target gets `EPIPE` in `SO_ERROR` (`POLLERR`) and stops sending. The
-//!   program drops empty segments; TCP has already recorded the FIN.
-//! - FIN is not carried: the source still shows EOF (`POLLRDHUP`,
-//!   `read() == 0`); the proxy shuts the destination down once that
-//!   direction has delivered everything ([`Flow::done`]).
+//!   the worker's send return 0, which it takes for a hard error: the
+//!   target gets `EPIPE` (`POLLERR`) and stops sending. The program drops
+//!   empty segments; TCP has already recorded the FIN, and the source
+//!   still shows EOF (`POLLRDHUP`), so the proxy passes the FIN on once
+//!   that direction has delivered everything ([`Flow::done`]).
 //! - Data already queued on a socket when it enters `verdict` waits until
 //!   something calls its `sk_data_ready`; a new segment does, and so does
 //!   setting `SO_RCVLOWAT` (TCP re-checks readiness), which
 //!   [`Sockmap::splice_pair`] does, so those bytes go out first, in order.
-//! - `FIONREAD` on a socket in a map counts only the psock's queue, not
+//! - Only established sockets enter a socket map: one that has received
+//!   its FIN is refused (`EOPNOTSUPP`), and the caller keeps copying.
+//! - `FIONREAD` on a socket in a map counts only its psock's queue, not
 //!   TCP's receive queue: it is read only before the handoff.
-//! - Taking the target out of every map discards what is still queued on
-//!   its psock (bytes the source has already acknowledged), and taking the
-//!   source out discards what stalled on it. So removal is two steps:
-//!   [`Redirected::stop`], then [`Redirected::finish`] once nothing is in
-//!   flight, which also reads out what stalled and hands it back.
+//! - Taking a target out of every map discards what is queued on its
+//!   psock, so removal is two steps: [`Redirected::stop`] (no new data is
+//!   redirected; it waits in TCP's queue, with TCP's flow control), then
+//!   [`Redirected::finish`] once nothing is in flight.
+//! - A reset reaches the proxy as `POLLERR` on the reset socket; bytes
+//!   redirected toward it are lost, as they would be anyway.
 //!
 //! # Byte counts
 //! Bytes one direction moved are counted where they are written, as the
 //! copy path counts them: payload the kernel put into the destination's
 //! send queue since the handoff, from one `TCP_INFO` snapshot (taken under
 //! the socket lock): `bytes_sent - bytes_retrans + notsent_bytes`, less a
-//! FIN still queued (see [`written`]). `bytes_acked` would lag by what is
-//! in flight on the wire, and `bytes_received` of the source counts the
-//! FIN and data that has not gone anywhere yet.
+//! FIN still queued ([`written`]). `bytes_acked` would lag by what is in
+//! flight on the wire, and `bytes_received` of the source counts the FIN
+//! and data that has gone nowhere yet. The program's own count of what it
+//! redirected gives what is still in flight inside the kernel.
 //!
 //! # Sharing
-//! The maps and the program are kernel objects; any number of cores may
-//! insert into the same maps (the kernel locks per bucket, off our data
-//! path). A [`Sockmap`] holds only their descriptors: one is made per
-//! process and duplicated per core ([`Sockmap::try_clone`]), or one made
-//! per core; nothing in userspace is shared either way.
+//! One [`Sockmap`] per core: its bell then names only that core's pairs.
+//! The maps and the program are kernel objects, locked per bucket by the
+//! kernel off our data path; nothing in userspace is shared.
 
 use std::ffi::CStr;
 use std::fmt;
@@ -769,17 +777,19 @@ fn explain(step: &'static str, err: &io::Error, log: Option<String>) -> Unsuppor
 pub struct Limits {
     /// Sockets each map holds (two per connection).
     pub sockets: u32,
-    /// Bytes one direction may redirect per handoff before it stalls and
-    /// the proxy takes the connection back: the bound on what a slow
-    /// receiver can make the kernel hold for it.
+    /// Bytes one direction may redirect per handoff: the bound on what a
+    /// slow receiver can make the kernel hold for it. The bell rings at
+    /// half, for the proxy to take the pair back; at the full budget the
+    /// direction stalls.
     pub budget: u64,
 }
 
 impl Default for Limits {
-    /// 32 768 connections; 4 MiB per direction, the size of a default
-    /// `tcp_wmem` maximum, so a stalled direction pins about as much as a
-    /// full send buffer. Small request/response traffic runs for millions
-    /// of exchanges per handoff; bulk goes back to the copy path.
+    /// 32 768 connections; 4 MiB per direction, the default `tcp_wmem`
+    /// maximum, so a direction pins at most about what a full send buffer
+    /// does. Small request/response traffic runs for a million exchanges
+    /// per handoff; bulk, which the redirect moves slower than the copy
+    /// path does (measured), goes back to the copy path after 2 MiB.
     fn default() -> Limits {
         Limits {
             sockets: 65536,

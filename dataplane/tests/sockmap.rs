@@ -885,6 +885,147 @@ fn kernel_fact_the_redirect_has_no_backpressure() {
     drop(r); // out of the maps: what was queued is discarded
 }
 
+/// Why the proxy polls for `POLLRDHUP` only: a thread polling a
+/// redirected socket for `POLLIN` is woken for every segment the kernel
+/// redirects, though poll never returns.
+#[test]
+fn kernel_fact_pollin_waiters_are_woken_per_redirected_segment() {
+    let Some(map) = sockmap(Limits::default()) else {
+        return;
+    };
+    let map = Rc::new(map);
+    let Quad {
+        mut client,
+        a,
+        b,
+        mut server,
+    } = quad();
+    let r = map.splice_pair(a.as_fd(), b.as_fd()).unwrap();
+    let fd = a.as_raw_fd();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tx.send(unsafe { libc::gettid() }).unwrap();
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        poll(&mut p, Duration::from_secs(5));
+        p[0].revents
+    });
+    let tid = rx.recv().unwrap();
+    wait_until("the waiter asleep", || thread_state(tid) == 'S');
+    let before = voluntary_switches(tid);
+    let mut one = [0u8; 1];
+    for _ in 0..200 {
+        client.write_all(b"q").unwrap();
+        server.read_exact(&mut one).unwrap();
+        // Time for the waiter to run and sleep again, so each wake-up
+        // shows as one switch even on a loaded machine.
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let woken = voluntary_switches(tid) - before;
+    // End the waiter: a FIN makes `a` readable (EOF).
+    client.shutdown(Shutdown::Write).unwrap();
+    let revents = waiter.join().unwrap();
+    eprintln!(
+        "a POLLIN waiter was woken {woken} times by 200 redirected segments; revents {revents:#x}"
+    );
+    assert!(
+        woken >= 100,
+        "woken {woken} times: the kernel no longer wakes per segment"
+    );
+    drop(r);
+}
+
+/// Why the handoff reads `FIONREAD` before the insertion only: for a
+/// socket in a map the kernel counts its psock's queue, not TCP's.
+#[test]
+fn kernel_fact_fionread_of_a_socket_in_a_map_counts_only_its_psock() {
+    let Some(map) = sockmap(Limits::default()) else {
+        return;
+    };
+    let map = Rc::new(map);
+    let Quad {
+        mut client,
+        a,
+        b,
+        server,
+    } = quad();
+    let fionread = |s: &TcpStream| {
+        let mut n: libc::c_int = -1;
+        // SAFETY: FIONREAD writes one c_int through the pointer.
+        let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD as _, &mut n) };
+        assert_eq!(r, 0);
+        n
+    };
+    let mut r = map.splice_pair(a.as_fd(), b.as_fd()).unwrap();
+    // Out of the verdict map, still a target: new bytes stay in TCP's queue.
+    r.stop().unwrap();
+    client.write_all(b"12345").unwrap();
+    wait_until("5 bytes on a", || {
+        sockmap::tcp_info(a.as_fd()).unwrap().tcpi_bytes_received >= 5
+    });
+    assert_eq!(r.flows().unwrap()[0].held, 5);
+    assert_eq!(
+        fionread(&a),
+        0,
+        "FIONREAD counts TCP's queue again: simplify io/sockmap.rs"
+    );
+    r.finish().unwrap();
+    assert_eq!(fionread(&a), 5);
+    drop(server);
+}
+
+/// A stalled direction cannot be handed back: `finish` refuses (its kept
+/// bytes would be lost or reordered) and the caller resets.
+#[test]
+fn a_stalled_pair_is_not_handed_back() {
+    let budget = 256 << 10;
+    let Some(map) = sockmap(Limits {
+        budget,
+        ..Limits::default()
+    }) else {
+        return;
+    };
+    let map = Rc::new(map);
+    let q = quad();
+    let mut r = map.splice_pair(q.a.as_fd(), q.b.as_fd()).unwrap();
+    // A sender that stops at the reset to come.
+    let mut client = q.client.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        let chunk = vec![5u8; 64 << 10];
+        let mut sent = 0usize;
+        while sent < 4 << 20 && client.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+    });
+    wait_until("a stall", || r.flows().unwrap()[0].stalled);
+    assert_eq!(
+        map.stalled(),
+        vec![r.cookies()[0], r.cookies()[0]],
+        "warned, then stalled"
+    );
+    r.stop().unwrap();
+    // The server reads what was redirected, so nothing is in flight.
+    let mut server = q.server.try_clone().unwrap();
+    let mut buf = vec![0u8; budget as usize];
+    server.read_exact(&mut buf).unwrap();
+    r.wait_drained(PATIENCE).unwrap();
+    let [f, _] = r.flows().unwrap();
+    eprintln!("{f:?}");
+    assert_eq!(f.delivered, budget);
+    assert!(f.kept > 0);
+    let sockmap::Unfinished { pair, error } = r.finish().unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+    drop(pair);
+    // The caller resets: the sender learns of it.
+    set_linger0(&q.a);
+    drop(q);
+    sender.join().unwrap();
+}
+
 /// Where BPF is refused, `Sockmap::new` says why instead of failing later:
 /// each cause is made on a thread of its own (capabilities and seccomp
 /// filters are per thread).

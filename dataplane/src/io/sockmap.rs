@@ -877,16 +877,17 @@ impl Sockmap {
         self.limits
     }
 
-    /// Readable (`POLLIN`) when a pair has stalled since the last
-    /// [`stalled`](Self::stalled): the one descriptor a core polls for
-    /// all its pairs' stalls.
+    /// Readable (`POLLIN`) when a direction has passed half its budget
+    /// or stalled since the last [`rung`](Self::rung): the one descriptor
+    /// a core polls for all its pairs.
     pub fn bell(&self) -> BorrowedFd<'_> {
         self.bell.fd.as_fd()
     }
 
     /// The source cookies ([`Redirected::cookies`]) of the directions that
-    /// stalled since the last call, oldest first; clears the bell.
-    pub fn stalled(&self) -> Vec<u64> {
+    /// passed half their budget or stalled since the last call, oldest
+    /// first (a direction that does both shows twice); clears the bell.
+    pub fn rung(&self) -> Vec<u64> {
         self.bell.drain()
     }
 }
@@ -948,11 +949,12 @@ impl Bell {
         })
     }
 
-    fn position(p: *mut u8) -> &'static std::sync::atomic::AtomicU64 {
-        // SAFETY: `p` is the start of a mapped, page-aligned page that
-        // outlives every use (the Bell owns it); the kernel updates the
-        // position there atomically.
-        unsafe { &*(p as *const std::sync::atomic::AtomicU64) }
+    /// The position at the start of the consumer or producer page.
+    fn position(&self, page: *mut u8) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: `page` is one of this Bell's mappings, page-aligned and
+        // alive as long as `self`; the kernel updates the position there
+        // atomically.
+        unsafe { &*(page as *const std::sync::atomic::AtomicU64) }
     }
 
     fn drain(&self) -> Vec<u64> {
@@ -960,8 +962,8 @@ impl Bell {
         const BUSY: u32 = 1 << 31;
         const DISCARD: u32 = 1 << 30;
         const HEADER: u64 = 8;
-        let cons_pos = Bell::position(self.consumer);
-        let prod_pos = Bell::position(self.producer);
+        let cons_pos = self.position(self.consumer);
+        let prod_pos = self.position(self.producer);
         let data = self.producer.wrapping_add(self.page);
         let mut cons = cons_pos.load(Ordering::Relaxed);
         let prod = prod_pos.load(Ordering::Acquire);
@@ -1299,7 +1301,7 @@ pub struct Redirected<'s> {
 }
 
 impl<'s> Redirected<'s> {
-    /// Both directions: `[a → b, b → a]`. Costs five system calls per
+    /// Both directions: `[a → b, b → a]`. Costs six system calls per
     /// direction; meant for events and timers, not per message.
     pub fn flows(&self) -> io::Result<[Flow; 2]> {
         let [a, b] = self.socks;

@@ -152,13 +152,13 @@ struct Report {
     outcome: String,
     /// Counted by the kernel while redirected: a → b, b → a.
     delivered: [u64; 2],
-    /// Copied in userspace after a handback (including the held bytes).
+    /// Copied in userspace after a handback.
     copied: [u64; 2],
     /// Returns from poll with an event (not the 1 ms flush re-checks).
     wakeups: u64,
     /// Flush re-checks: a FIN seen before its direction had delivered all.
     rechecks: u64,
-    /// Handbacks: after a stall, or on command.
+    /// Handbacks: on the bell's warning, or on command.
     handbacks: u32,
     /// Times the bell rang.
     bells: u32,
@@ -253,7 +253,8 @@ fn run_proxy(
     let mut shut = [false; 2];
     loop {
         // POLLRDHUP only: the kernel wakes POLLIN waiters on every
-        // redirected segment. Stalls ring the bell instead.
+        // redirected segment. The budget's warning and stall ring the
+        // bell instead.
         let mut fds = [0, 1]
             .map(|i| libc::pollfd {
                 fd: socks[i].as_raw_fd(),

@@ -12,6 +12,8 @@
 //! - [`stream`]: async sockets on the readiness ring, for rustls and h2.
 //! - [`copy`]: splice / userspace byte movement with TCP half-close and
 //!   RST semantics.
+//! - [`sockmap`]: the in-kernel redirect (BPF sockmap) that passthrough
+//!   connections can be handed to once set up.
 //! - [`netns`]: making sockets inside a pod's network namespace.
 //! - [`listener`]: REUSEPORT listeners, bound per core on the main thread.
 //! - [`count`]: core-local counters: bytes moved, things open.
@@ -24,5 +26,6 @@ pub mod latch;
 pub mod listener;
 pub mod netns;
 pub mod socket;
+pub mod sockmap;
 pub mod stream;
 pub mod uring;

@@ -169,6 +169,14 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_RECV_BUFFER_SIZE", default_value = "32K", value_parser = parse_size)]
     pub recv_buffer_size: u32,
 
+    /// Hand each passthrough connection to an in-kernel redirect (BPF
+    /// sockmap) once it is set up, so the proxy is not woken per message;
+    /// bulk and refused handoffs stay on the copy path. Needs CAP_BPF and
+    /// CAP_NET_ADMIN (or CAP_SYS_ADMIN) and bpf(2) allowed by seccomp;
+    /// where the kernel refuses, each core says why and copies instead.
+    #[arg(long, env = "RINGWAY_SOCKMAP_REDIRECT")]
+    pub sockmap_redirect: bool,
+
     /// Bytes one socket may hold each way in completion mode: received and
     /// not yet sent on (past it the socket stops reading, and TCP's window
     /// closes), and queued to send.
@@ -512,6 +520,7 @@ impl Args {
     pub fn proxy_config(&self) -> ProxyConfig {
         ProxyConfig {
             copy_mode: self.copy_mode,
+            sockmap_redirect: self.sockmap_redirect,
             ring: RingConfig {
                 entries: RingConfig::default().entries,
                 recv_buffers: self.recv_buffers,

@@ -93,7 +93,27 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         certs.clone(),
         index,
     );
-    let copier = Copier::new(poller.clone(), cfg.copy_mode);
+    let redirect = if cfg.sockmap_redirect {
+        match crate::io::redirect::Redirector::new() {
+            Ok(r) => {
+                tracing::info!(
+                    core = index,
+                    "passthrough pairs go to the in-kernel sockmap redirect"
+                );
+                Some(r)
+            }
+            Err(why) => {
+                tracing::warn!(core = index, reason = %why, "--sockmap-redirect: the kernel refuses the redirect; passthrough copies instead");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let bell = redirect
+        .clone()
+        .map(|r| executor::spawn_local(r.listen(poller.clone())));
+    let copier = Copier::new(poller.clone(), cfg.copy_mode, redirect);
     let core = Rc::new(CoreInputs::new(
         index,
         cfg,
@@ -225,7 +245,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         // Let the cancelled connections run their drop (close, access log).
         let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
     }
-    drop((watcher, cert_watcher, reaper, stats));
+    drop((watcher, cert_watcher, reaper, stats, bell));
     Ok(())
 }
 

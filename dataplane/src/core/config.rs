@@ -16,6 +16,8 @@ use crate::io::uring::RingConfig;
 #[derive(Clone, Debug)]
 pub struct ProxyConfig {
     pub copy_mode: CopyMode,
+    /// Passthrough pairs go to the in-kernel redirect first.
+    pub sockmap_redirect: bool,
     /// The core's ring: I/O mode, receive buffers, per-socket caps.
     pub ring: RingConfig,
     pub connect: ConnectOpts,

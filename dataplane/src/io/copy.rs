@@ -25,6 +25,7 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::Poll;
 
+use crate::io::redirect::{Handback, Redirector};
 use crate::io::socket::{self, would_block, Pipe};
 use crate::io::uring::{Poller, RingSocket};
 
@@ -167,6 +168,8 @@ pub struct Copier {
     /// A received piece this large (a whole ring buffer) means more is
     /// waiting: the direction turns bulk.
     bulk_piece: usize,
+    /// `--sockmap-redirect`: pairs are handed to the kernel first.
+    redirect: Option<Rc<Redirector>>,
     pipes: RefCell<Vec<HeldPipe>>,
     buffers: RefCell<Vec<HeldBuffer>>,
 }
@@ -238,9 +241,10 @@ pub enum CopyOutcome {
 }
 
 impl Copier {
-    pub fn new(poller: Rc<Poller>, mode: CopyMode) -> Self {
+    pub fn new(poller: Rc<Poller>, mode: CopyMode, redirect: Option<Rc<Redirector>>) -> Self {
         Self {
             bulk_piece: poller.recv_buffer_size(),
+            redirect,
             poller,
             mode,
             pipes: RefCell::new(Vec::new()),
@@ -259,6 +263,23 @@ impl Copier {
         b_to_a: &ByteCount,
     ) -> CopyOutcome {
         let (a, b) = (a.as_raw_fd(), b.as_raw_fd());
+        if let Some(r) = &self.redirect {
+            match r.run(&self.poller, a, b, [a_to_b, b_to_a]).await {
+                Ok(Handback::Closed) => return CopyOutcome::Closed,
+                Ok(Handback::Reset(side, e)) => {
+                    let (outcome, other) = if side == 0 {
+                        (CopyOutcome::ResetByA(e), b)
+                    } else {
+                        (CopyOutcome::ResetByB(e), a)
+                    };
+                    socket::set_reset_on_close(other);
+                    return outcome;
+                }
+                // Taken back (bulk), or refused: the copy path carries on.
+                Ok(Handback::Resume) => {}
+                Err(e) => tracing::debug!(error = %e, "sockmap redirect refused; copying"),
+            }
+        }
         let failure = if self.poller.completion() {
             let caps = self.poller.caps();
             let (ra, rb) = (

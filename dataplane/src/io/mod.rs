@@ -18,6 +18,8 @@
 //! - [`listener`]: REUSEPORT listeners, bound per core on the main thread.
 //! - [`count`]: core-local counters: bytes moved, things open.
 //! - [`latch`]: a core-local one-shot signal (drain, pod removal).
+//! - [`sockmap`]: the kernel side of the in-kernel passthrough redirect
+//!   (BPF sockmap), and [`redirect`]: a core driving it.
 
 pub mod copy;
 pub mod count;
@@ -25,6 +27,7 @@ pub mod executor;
 pub mod latch;
 pub mod listener;
 pub mod netns;
+pub mod redirect;
 pub mod socket;
 pub mod sockmap;
 pub mod stream;

@@ -278,6 +278,14 @@ pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
     cvt(unsafe { libc::shutdown(fd, libc::SHUT_WR) }).map(|_| ())
 }
 
+/// The socket's pending error (`SO_ERROR`), if it has one: why a poll
+/// reported POLLERR.
+pub fn take_error(fd: RawFd) -> Option<io::Error> {
+    // SAFETY: the caller's descriptor, borrowed for this call only.
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    socket2::SockRef::from(&fd).take_error().ok().flatten()
+}
+
 /// Makes the next close() send RST instead of FIN, to propagate a reset.
 pub fn set_reset_on_close(fd: RawFd) {
     let linger = libc::linger {

@@ -527,8 +527,8 @@ impl Args {
                 recv_buffer_size: self.recv_buffer_size,
                 io: self.io_mode,
                 caps: SocketCaps {
-                    recv: self.socket_cap as usize,
-                    send: self.socket_cap as usize,
+                    recv: self.socket_cap,
+                    send: self.socket_cap,
                 },
             },
             connect: ConnectOpts {

@@ -113,7 +113,26 @@ impl PumpOutcome {
 /// (CONNECT_ERROR, as RFC 9113 §8.5 asks for a reset TCP connection).
 /// `to_tunnel` / `from_tunnel` count payload bytes as they move (handed to
 /// h2, or queued on the socket).
-pub async fn pump(
+///
+/// Not an `async fn`: a tunnel's task keeps this future for the tunnel's
+/// life, and one state machine holding both I/O modes' futures is as large
+/// as their sum in places; each mode's own is boxed at its own size.
+pub fn pump<'a>(
+    poller: &'a Rc<Poller>,
+    fd: RawFd,
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    to_tunnel: &'a ByteCount,
+    from_tunnel: &'a ByteCount,
+) -> std::pin::Pin<Box<dyn Future<Output = PumpOutcome> + 'a>> {
+    if poller.completion() {
+        Box::pin(pump_ring(poller, fd, send, recv, to_tunnel, from_tunnel))
+    } else {
+        Box::pin(pump_ready(poller, fd, send, recv, to_tunnel, from_tunnel))
+    }
+}
+
+async fn pump_ring(
     poller: &Rc<Poller>,
     fd: RawFd,
     send: SendStream<Bytes>,
@@ -122,17 +141,41 @@ pub async fn pump(
     from_tunnel: &ByteCount,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
-    let failure = if poller.completion() {
-        let sock = RingSocket::new(poller, fd, poller.caps());
-        let up = ring_socket_to_stream(&sock, &send, to_tunnel);
-        let down = ring_stream_to_socket(&sock, &mut recv, from_tunnel);
-        both(up, down).await
-    } else {
-        let reg = Registration::new(poller, fd);
-        let up = socket_to_stream(&reg, &send, to_tunnel);
-        let down = stream_to_socket(&reg, &mut recv, from_tunnel);
-        both(up, down).await
-    };
+    let sock = RingSocket::new(poller, fd, poller.caps());
+    let failure = both(
+        ring_socket_to_stream(&sock, &send, to_tunnel),
+        ring_stream_to_socket(&sock, &mut recv, from_tunnel),
+    )
+    .await;
+    drop(sock);
+    finish(failure, &send, fd)
+}
+
+async fn pump_ready(
+    poller: &Rc<Poller>,
+    fd: RawFd,
+    send: SendStream<Bytes>,
+    mut recv: RecvStream,
+    to_tunnel: &ByteCount,
+    from_tunnel: &ByteCount,
+) -> PumpOutcome {
+    let send = RefCell::new(send);
+    let reg = Registration::new(poller, fd);
+    let failure = both(
+        socket_to_stream(&reg, &send, to_tunnel),
+        stream_to_socket(&reg, &mut recv, from_tunnel),
+    )
+    .await;
+    drop(reg);
+    finish(failure, &send, fd)
+}
+
+/// How the pump ended, with the reset passed on to the other side.
+fn finish(
+    failure: Option<PumpOutcome>,
+    send: &RefCell<SendStream<Bytes>>,
+    fd: RawFd,
+) -> PumpOutcome {
     match failure {
         None => PumpOutcome::Closed,
         Some(outcome) => {

@@ -442,14 +442,14 @@ async fn carry(
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };
-    let outcome = Box::pin(pump(
+    let outcome = pump(
         &core.poller,
         upstream.as_raw_fd(),
         send,
         recv,
         &log.to_client,
         &log.from_client,
-    ))
+    )
     .await;
     match outcome {
         PumpOutcome::Closed => log.finish("closed"),

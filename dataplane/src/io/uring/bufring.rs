@@ -3,10 +3,15 @@
 //! holds no buffer and a receive needs no system call.
 //!
 //! One ring per core, never per connection. The kernel takes buffers in
-//! ring order; a [`RecvBuf`] handed out by a completion returns its buffer
-//! to the tail when dropped. Buffers are touched (and become resident) only
-//! as far as bytes were written into them, so small messages keep most of
-//! the ring's memory untouched.
+//! ring order, so a ring holding every buffer would cycle through all of
+//! them and make the whole pool resident even when a few at a time are in
+//! use. So the ring holds only a working set ([`BufRing::target`]) and the
+//! rest wait on a stack: a buffer coming back goes on the stack, and the
+//! ring is topped up from the top of it, the buffers used last (already
+//! resident). The working set doubles whenever the ring runs dry (a
+//! receive ends with ENOBUFS), so resident memory follows the core's peak
+//! need, not the pool's size. A [`RecvBuf`] handed out by a completion
+//! gives its buffer back when dropped.
 
 use std::cell::Cell;
 use std::io;
@@ -32,7 +37,15 @@ pub struct BufRing {
     tail: Cell<u16>,
     /// Buffers in the kernel's hands.
     available: Cell<usize>,
+    /// How many buffers the ring is kept topped up to.
+    target: Cell<usize>,
+    /// Buffers nobody uses that are not in the ring, the last returned on
+    /// top.
+    spare: std::cell::RefCell<Vec<u16>>,
 }
+
+/// The working set a ring starts with.
+const FIRST_TARGET: usize = 16;
 
 impl BufRing {
     /// Maps `count` buffers of `size` bytes and registers them with `ring`
@@ -67,10 +80,10 @@ impl BufRing {
             memory_len,
             tail: Cell::new(0),
             available: Cell::new(0),
+            target: Cell::new(FIRST_TARGET.min(count as usize)),
+            spare: std::cell::RefCell::new((0..count).rev().collect()),
         };
-        for bid in 0..count {
-            this.provide(bid);
-        }
+        this.top_up();
         // SAFETY: `entries` is a page-aligned mapping of `count` entries
         // that lives as long as `self`; the Poller drops its ring (and with
         // it this registration) before its `Rc<BufRing>`, and buffers handed
@@ -97,6 +110,34 @@ impl BufRing {
     /// Buffers the kernel can fill now.
     pub fn available(&self) -> usize {
         self.available.get()
+    }
+
+    /// Buffers nobody reads: in the ring or waiting to go back in.
+    pub fn unused(&self) -> usize {
+        self.available.get() + self.spare.borrow().len()
+    }
+
+    /// The working set the ring is kept topped up to.
+    pub fn target(&self) -> usize {
+        self.target.get()
+    }
+
+    /// The ring ran dry: double the working set (up to the pool) and top
+    /// it up.
+    pub(super) fn grow(&self) {
+        let t = (self.target.get() * 2).min(self.count as usize);
+        self.target.set(t);
+        self.top_up();
+    }
+
+    /// Moves buffers from the spare stack (the last returned first) into
+    /// the ring until it holds the target.
+    fn top_up(&self) {
+        let mut spare = self.spare.borrow_mut();
+        while self.available.get() < self.target.get() {
+            let Some(bid) = spare.pop() else { break };
+            self.provide(bid);
+        }
     }
 
     /// Puts buffer `bid` at the ring's tail, for the kernel to fill again.
@@ -130,7 +171,8 @@ impl BufRing {
     /// Returns a buffer whose bytes nobody reads any more.
     pub(super) fn give_back(&self, bid: u16) {
         if bid < self.count {
-            self.provide(bid);
+            self.spare.borrow_mut().push(bid);
+            self.top_up();
         }
     }
 

@@ -251,7 +251,11 @@ pub struct Poller {
 
 /// Copy buffers of this size are kept for reuse; larger ones are freed.
 const SPARE_CAPACITY: usize = 64 << 10;
-const SPARE_VECS: usize = 64;
+/// Few: one per socket sending at once is enough to avoid an allocation
+/// per send, and every spare one is idle memory of the core.
+const SPARE_VECS: usize = 8;
+/// The smallest copy buffer: a page (one TLS record of a small message fits).
+const MIN_COPY: usize = 4 << 10;
 
 impl Poller {
     /// Creates the ring and its receive buffers, and watches `doorbell` (an
@@ -326,9 +330,15 @@ impl Poller {
         self.bufs.buffer_size()
     }
 
-    /// Receive buffers in the kernel's hands now (the rest are being read).
+    /// Receive buffers nobody reads now (in the ring, or waiting to go
+    /// back in).
     pub fn free_recv_buffers(&self) -> usize {
-        self.bufs.available()
+        self.bufs.unused()
+    }
+
+    /// The working set of receive buffers the ring is kept topped up to.
+    pub fn recv_buffer_target(&self) -> usize {
+        self.bufs.target()
     }
 
     fn arm_doorbell(&self) -> io::Result<()> {
@@ -600,11 +610,11 @@ impl Poller {
         }
     }
 
-    /// Re-arms the receives that ended on an empty buffer ring, once a
-    /// quarter of the buffers are back.
+    /// Re-arms the receives that ended on an empty buffer ring, once the
+    /// ring has buffers again (its working set has grown since).
     fn rearm_starved(&self) {
         let mut starved = self.starved.borrow_mut();
-        if starved.is_empty() || self.bufs.available() < self.bufs.count() / 4 {
+        if starved.is_empty() || self.bufs.available() == 0 {
             return;
         }
         let mut slots = self.slots.borrow_mut();
@@ -700,7 +710,7 @@ impl Poller {
             if let Some(v) = self.spare.borrow_mut().pop() {
                 return v;
             }
-            return Vec::with_capacity(SPARE_CAPACITY.min(at_least.max(16 << 10)));
+            return Vec::with_capacity(at_least.max(MIN_COPY));
         }
         Vec::with_capacity(at_least)
     }

@@ -35,6 +35,8 @@ use super::{tag, Op, Poller, RingSetup, RingStats, Slot, CANCEL_TAG};
 /// of it or a completion that says how much (`MSG_WAITALL`), and EPIPE
 /// rather than SIGPIPE when the peer is gone.
 pub(super) const SEND_FLAGS: i32 = libc::MSG_DONTWAIT | libc::MSG_WAITALL | libc::MSG_NOSIGNAL;
+/// `last_fd_seq` before any submission named the descriptor.
+const NO_SEQ: u64 = u64::MAX;
 /// Pieces gathered into one `SENDMSG`.
 const MAX_IOV: usize = 16;
 /// Bytes handed to the kernel by one send.
@@ -45,9 +47,9 @@ const MAX_SEND: usize = 1 << 20;
 pub struct SocketCaps {
     /// Received bytes not yet taken by the reader, beyond which the
     /// receive is paused.
-    pub recv: usize,
+    pub recv: u32,
     /// Bytes queued to send, beyond which writes wait.
-    pub send: usize,
+    pub send: u32,
 }
 
 impl Default for SocketCaps {
@@ -90,6 +92,93 @@ impl Piece {
     }
     fn is_ring(&self) -> bool {
         matches!(self, Piece::Ring(_))
+    }
+}
+
+/// The pieces queued on one side of a socket. Most sockets have none or one
+/// waiting, and an idle connection should hold no memory for its queues:
+/// one piece lives inline, more go to a deque that is freed once empty.
+#[derive(Default)]
+struct Pieces {
+    head: Option<Piece>,
+    /// Only while more than one piece waits.
+    rest: Option<Box<VecDeque<Piece>>>,
+}
+
+impl Pieces {
+    fn len(&self) -> usize {
+        self.head.is_some() as usize + self.rest.as_ref().map_or(0, |r| r.len())
+    }
+    fn is_empty(&self) -> bool {
+        self.head.is_none()
+    }
+    fn push_back(&mut self, p: Piece) {
+        if self.head.is_none() {
+            self.head = Some(p);
+        } else {
+            self.rest.get_or_insert_default().push_back(p);
+        }
+    }
+    fn push_front(&mut self, p: Piece) {
+        if let Some(old) = self.head.replace(p) {
+            self.rest.get_or_insert_default().push_front(old);
+        }
+    }
+    fn pop_front(&mut self) -> Option<Piece> {
+        let p = self.head.take()?;
+        if let Some(rest) = &mut self.rest {
+            self.head = rest.pop_front();
+            if rest.is_empty() {
+                self.rest = None;
+            }
+        }
+        Some(p)
+    }
+    fn front(&self) -> Option<&Piece> {
+        self.head.as_ref()
+    }
+    fn front_mut(&mut self) -> Option<&mut Piece> {
+        self.head.as_mut()
+    }
+    fn back(&self) -> Option<&Piece> {
+        self.rest
+            .as_ref()
+            .and_then(|r| r.back())
+            .or(self.head.as_ref())
+    }
+    fn back_mut(&mut self) -> Option<&mut Piece> {
+        match self.rest.as_mut().and_then(|r| r.back_mut()) {
+            Some(p) => Some(p),
+            None => self.head.as_mut(),
+        }
+    }
+    fn iter(&self) -> impl Iterator<Item = &Piece> {
+        self.head
+            .iter()
+            .chain(self.rest.iter().flat_map(|r| r.iter()))
+    }
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Piece> {
+        self.head
+            .iter_mut()
+            .chain(self.rest.iter_mut().flat_map(|r| r.iter_mut()))
+    }
+    fn clear(&mut self) {
+        *self = Pieces::default();
+    }
+    /// Keeps the first `n` pieces.
+    fn truncate(&mut self, n: usize) {
+        if n == 0 {
+            self.clear();
+        } else if let Some(rest) = &mut self.rest {
+            rest.truncate(n - 1);
+            if rest.is_empty() {
+                self.rest = None;
+            }
+        }
+    }
+    fn take_all(&mut self) -> impl Iterator<Item = Piece> {
+        let Pieces { head, rest } = std::mem::take(self);
+        head.into_iter().chain(rest.into_iter().flat_map(|r| *r))
     }
 }
 
@@ -146,8 +235,10 @@ enum Arm {
 /// The send in the kernel: the first `pieces` of the outbox, `len` bytes.
 struct InFlight {
     seq: u64,
-    len: usize,
-    pieces: usize,
+    /// At most [`MAX_SEND`].
+    len: u32,
+    /// At most [`MAX_IOV`].
+    pieces: u16,
     quiet: bool,
 }
 
@@ -205,7 +296,7 @@ pub(super) struct SockState {
     paused: bool,
     /// The receive ended on an empty buffer ring.
     starved: bool,
-    inbox: VecDeque<Piece>,
+    inbox: Pieces,
     pub(super) inbox_bytes: usize,
     /// Listed in the Poller's `holding` (the inbox may hold ring buffers).
     listed: bool,
@@ -213,7 +304,7 @@ pub(super) struct SockState {
     recv_error: Option<i32>,
     reader: Option<Waker>,
     // Sending.
-    outbox: VecDeque<Piece>,
+    outbox: Pieces,
     outbox_bytes: usize,
     in_flight: Option<InFlight>,
     /// The last send was short: wait for POLLOUT before the next.
@@ -225,11 +316,37 @@ pub(super) struct SockState {
     /// Listed in the Poller's `dirty`.
     dirty: bool,
     /// The newest submission that names `fd` (see [`Poller::unsubmitted`]).
-    last_fd_seq: Option<u64>,
-    // The header and vectors of a SENDMSG in flight; the slot is boxed, so
-    // they do not move while the kernel may read them.
+    last_fd_seq: u64,
+    /// The header and vectors of a SENDMSG over several pieces, made when
+    /// one is needed and dropped when it settles: an idle socket holds none.
+    vectors: Option<Box<SendVectors>>,
+}
+
+/// What one send covers: a single piece, or `n` pieces in [`SendVectors`].
+enum Gathered {
+    One(*const u8, usize),
+    Many(usize, usize),
+}
+
+/// A SENDMSG's header and vectors; boxed, so they stay put while the
+/// kernel may read them.
+struct SendVectors {
     msg: libc::msghdr,
     iov: [libc::iovec; MAX_IOV],
+}
+
+impl SendVectors {
+    fn new() -> Box<Self> {
+        Box::new(Self {
+            // SAFETY: msghdr is plain data; all zeroes is "no name, no
+            // control, no vectors".
+            msg: unsafe { std::mem::zeroed() },
+            iov: [libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 0,
+            }; MAX_IOV],
+        })
+    }
 }
 
 impl SockState {
@@ -242,13 +359,13 @@ impl SockState {
             reading: false,
             paused: false,
             starved: false,
-            inbox: VecDeque::new(),
+            inbox: Pieces::default(),
             inbox_bytes: 0,
             listed: false,
             eof: false,
             recv_error: None,
             reader: None,
-            outbox: VecDeque::new(),
+            outbox: Pieces::default(),
             outbox_bytes: 0,
             in_flight: None,
             blocked: false,
@@ -257,14 +374,8 @@ impl SockState {
             writer: None,
             flusher: None,
             dirty: false,
-            last_fd_seq: None,
-            // SAFETY: msghdr is plain data; all zeroes is "no name, no
-            // control, no vectors".
-            msg: unsafe { std::mem::zeroed() },
-            iov: [libc::iovec {
-                iov_base: std::ptr::null_mut(),
-                iov_len: 0,
-            }; MAX_IOV],
+            last_fd_seq: NO_SEQ,
+            vectors: None,
         }
     }
 
@@ -298,7 +409,9 @@ impl SockState {
                 let sqe = if setup.recv_budget {
                     // What the socket may still take before its cap: the
                     // receive ends by itself there.
-                    let budget = self.caps.recv.saturating_sub(self.inbox_bytes).max(1);
+                    let budget = (self.caps.recv as usize)
+                        .saturating_sub(self.inbox_bytes)
+                        .max(1);
                     with_recv_budget(sqe, budget.min(u32::MAX as usize) as u32)
                 } else {
                     sqe
@@ -316,21 +429,28 @@ impl SockState {
             && self.send_error.is_none()
             && !self.outbox.is_empty();
         if can_send {
-            let (pieces, len) = self.gather();
             // A send someone waits for must post its completion: a quiet
             // one would not end the sleep it was submitted with.
             let waited = self.writer.is_some() || self.flusher.is_some() || !self.alive;
             let quiet = quiet_ok && !waited;
-            let sqe = if pieces == 1 {
-                opcode::Send::new(fd, self.iov[0].iov_base as *const u8, len as u32)
-                    .flags(SEND_FLAGS)
-                    .build()
-            } else {
-                self.msg.msg_iov = self.iov.as_mut_ptr();
-                self.msg.msg_iovlen = pieces as _;
-                opcode::SendMsg::new(fd, &self.msg)
-                    .flags(SEND_FLAGS as u32)
-                    .build()
+            let (pieces, len, sqe) = match self.gather() {
+                Gathered::One(ptr, len) => (
+                    1,
+                    len,
+                    opcode::Send::new(fd, ptr, len as u32)
+                        .flags(SEND_FLAGS)
+                        .build(),
+                ),
+                Gathered::Many(pieces, len) => {
+                    let v = self.vectors.as_deref().expect("gather filled the vectors");
+                    (
+                        pieces,
+                        len,
+                        opcode::SendMsg::new(fd, &v.msg)
+                            .flags(SEND_FLAGS as u32)
+                            .build(),
+                    )
+                }
             };
             let sqe = sqe.user_data(tag(key, Op::Send));
             let (sqe, kind) = if quiet {
@@ -340,8 +460,8 @@ impl SockState {
             };
             self.in_flight = Some(InFlight {
                 seq: 0,
-                len,
-                pieces,
+                len: len as u32,
+                pieces: pieces as u16,
                 quiet,
             });
             out.push(sqe, kind);
@@ -361,7 +481,12 @@ impl SockState {
 
     /// Points the send vectors at the front of the outbox; returns how
     /// many pieces and bytes they cover.
-    fn gather(&mut self) -> (usize, usize) {
+    fn gather(&mut self) -> Gathered {
+        if self.outbox.len() == 1 {
+            let s = self.outbox.front().map_or(&[][..], Piece::as_slice);
+            return Gathered::One(s.as_ptr(), s.len().min(MAX_SEND));
+        }
+        let v = self.vectors.get_or_insert_with(SendVectors::new);
         let mut len = 0;
         let mut n = 0;
         for piece in self.outbox.iter() {
@@ -370,14 +495,16 @@ impl SockState {
             }
             let s = piece.as_slice();
             let take = s.len().min(MAX_SEND - len);
-            self.iov[n] = libc::iovec {
+            v.iov[n] = libc::iovec {
                 iov_base: s.as_ptr() as *mut libc::c_void,
                 iov_len: take,
             };
             len += take;
             n += 1;
         }
-        (n, len)
+        v.msg.msg_iov = v.iov.as_mut_ptr();
+        v.msg.msg_iovlen = n as _;
+        Gathered::Many(n, len)
     }
 
     /// The Poller queued submission `kind` as number `seq`.
@@ -385,18 +512,18 @@ impl SockState {
         match kind {
             Kind::Recv => {
                 self.recv = Arm::Armed;
-                self.last_fd_seq = Some(seq);
+                self.last_fd_seq = seq;
             }
             Kind::CancelRecv => self.recv = Arm::Cancelling,
             Kind::Send | Kind::QuietSend => {
                 if let Some(f) = &mut self.in_flight {
                     f.seq = seq;
                 }
-                self.last_fd_seq = Some(seq);
+                self.last_fd_seq = seq;
             }
             Kind::Writable => {
                 self.writable = Arm::Armed;
-                self.last_fd_seq = Some(seq);
+                self.last_fd_seq = seq;
             }
             Kind::CancelWritable => self.writable = Arm::Cancelling,
         }
@@ -455,7 +582,7 @@ impl SockState {
                     self.listed = true;
                     cx.holding.push(cx.key);
                 }
-                if self.inbox_bytes >= self.caps.recv && !self.paused {
+                if self.inbox_bytes >= (self.caps.recv as usize) && !self.paused {
                     self.paused = true;
                     self.mark_dirty(cx);
                 }
@@ -466,6 +593,7 @@ impl SockState {
         } else if res < 0 {
             match -res {
                 libc::ENOBUFS => {
+                    cx.bufs.grow();
                     if !self.starved {
                         self.starved = true;
                         cx.starved.push(cx.key);
@@ -478,7 +606,7 @@ impl SockState {
         }
         if !more {
             self.recv = Arm::Off;
-            if self.inbox_bytes >= self.caps.recv {
+            if self.inbox_bytes >= (self.caps.recv as usize) {
                 // Its budget ran out: the reader has the cap's worth.
                 self.paused = true;
             } else if self.can_receive() && !self.paused {
@@ -494,10 +622,12 @@ impl SockState {
         let Some(f) = self.in_flight.take() else {
             return;
         };
+        // The kernel is done with the vectors (if any).
+        self.vectors = None;
         if res >= 0 {
             let n = res as usize;
             self.consume_outbox(n, cx.spare);
-            if n < f.len {
+            if n < f.len as usize {
                 self.blocked = true;
                 cx.stats.short_sends += 1;
             }
@@ -529,7 +659,7 @@ impl SockState {
     /// whole.
     pub(super) fn settle_quiet(&mut self, seq: u64, cx: &mut Completion<'_>) {
         let whole = match &self.in_flight {
-            Some(f) if f.quiet && f.seq == seq => f.len,
+            Some(f) if f.quiet && f.seq == seq => f.len as usize,
             _ => return,
         };
         self.sent(whole as i32, cx);
@@ -539,7 +669,7 @@ impl SockState {
         if self.outbox.is_empty() || self.send_error.is_some() {
             wakers.extend(self.flusher.take());
         }
-        if self.outbox_bytes < self.caps.send || self.send_error.is_some() {
+        if self.outbox_bytes < (self.caps.send as usize) || self.send_error.is_some() {
             wakers.extend(self.writer.take());
         }
     }
@@ -547,7 +677,7 @@ impl SockState {
     fn fail_sends(&mut self, res: i32, wakers: &mut Vec<Waker>) {
         self.send_error = Some(res);
         // The pieces of a send still in the kernel stay until it settles.
-        let keep = self.in_flight.as_ref().map_or(0, |f| f.pieces);
+        let keep = self.in_flight.as_ref().map_or(0, |f| f.pieces as usize);
         self.outbox.truncate(keep);
         self.outbox_bytes = self.outbox.iter().map(|p| p.as_slice().len()).sum();
         self.wake_writers(wakers);
@@ -595,8 +725,8 @@ impl SockState {
         }
         let mut copied = 0;
         let mut merged: Vec<u8> = Vec::new();
-        let mut rest = VecDeque::with_capacity(self.inbox.len());
-        for piece in self.inbox.drain(..) {
+        let mut rest = Pieces::default();
+        for piece in self.inbox.take_all() {
             match piece {
                 Piece::Ring(b) => {
                     copied += b.len();
@@ -636,7 +766,7 @@ impl SockState {
     /// The reader took `n` bytes: resume a paused receive below half the cap.
     fn taken(&mut self, n: usize) -> bool {
         self.inbox_bytes = self.inbox_bytes.saturating_sub(n);
-        if self.paused && self.inbox_bytes <= self.caps.recv / 2 {
+        if self.paused && self.inbox_bytes <= (self.caps.recv as usize) / 2 {
             self.paused = false;
             return self.recv != Arm::Armed;
         }
@@ -859,7 +989,7 @@ impl RingSocket {
             if let Some(e) = st.send_error {
                 return Poll::Ready(Err(io::Error::from_raw_os_error(-e)));
             }
-            if st.outbox_bytes < st.caps.send {
+            if st.outbox_bytes < (st.caps.send as usize) {
                 return Poll::Ready(Ok(()));
             }
             if !st.writer.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
@@ -906,7 +1036,7 @@ impl RingSocket {
         }
         let key = self.key;
         self.with(|st, poller| {
-            let in_kernel = st.in_flight.as_ref().map_or(0, |f| f.pieces);
+            let in_kernel = st.in_flight.as_ref().map_or(0, |f| f.pieces as usize);
             let tail_free = st.outbox.len() > in_kernel
                 && matches!(st.outbox.back(), Some(Piece::Heap { bytes, .. })
                     if bytes.capacity() - bytes.len() >= total);
@@ -979,7 +1109,7 @@ impl Drop for RingSocket {
             st.flusher = None;
             st.inbox.clear();
             st.inbox_bytes = 0;
-            let keep = st.in_flight.as_ref().map_or(0, |f| f.pieces);
+            let keep = st.in_flight.as_ref().map_or(0, |f| f.pieces as usize);
             let send_now = linger
                 && st.send_error.is_none()
                 && !st.blocked
@@ -1019,7 +1149,7 @@ impl Drop for RingSocket {
 
 fn st_last_seq(slots: &slab::Slab<Slot>, key: usize) -> Option<u64> {
     match slots.get(key) {
-        Some(Slot::Sock(st)) => st.last_fd_seq,
+        Some(Slot::Sock(st)) if st.last_fd_seq != NO_SEQ => Some(st.last_fd_seq),
         _ => None,
     }
 }

@@ -370,3 +370,46 @@ fn this_kernel_gives_the_ring_what_the_fast_path_needs() {
         }
     });
 }
+
+/// Small messages cycle through a working set, not through the whole pool:
+/// the ring holds 16 buffers at a time, topped up with the buffers used
+/// last, so a quiet core keeps 16 buffers' first pages resident, not 256.
+#[test]
+fn small_messages_stay_in_the_ring_working_set() {
+    let mut ring = small_ring();
+    ring.recv_buffers = 256;
+    on_executor(ring, || async {
+        let p = poller();
+        let (ours, mut theirs) = tcp_pair();
+        let sock = RingSocket::new(&p, ours.as_raw_fd(), p.caps());
+        let peer = std::thread::spawn(move || {
+            let mut b = [0u8; 1];
+            for i in 0..300u32 {
+                theirs.write_all(&[i as u8]).unwrap();
+                theirs.read_exact(&mut b).unwrap();
+            }
+        });
+        for _ in 0..300 {
+            let piece = sock.recv().await.unwrap().expect("a message");
+            sock.send(piece);
+        }
+        sock.flushed().await.unwrap();
+        let h = std::rc::Rc::new(std::cell::RefCell::new(Some(peer)));
+        until("the peer is done", || {
+            h.borrow().as_ref().is_some_and(|h| h.is_finished())
+        })
+        .await;
+        h.borrow_mut().take().unwrap().join().unwrap();
+        assert_eq!(p.recv_buffer_target(), 16, "the working set grew");
+        assert_eq!(p.free_recv_buffers(), 256);
+    });
+}
+
+/// Every socket of every connection holds one of these for its life:
+/// its size is idle memory per connection (312 bytes before the queues
+/// kept their second and later pieces out of line).
+#[test]
+fn a_socket_state_fits_its_allocation_class() {
+    let size = std::mem::size_of::<sock::SockState>();
+    assert!(size <= 256, "SockState is {size} bytes");
+}

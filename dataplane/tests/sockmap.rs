@@ -48,6 +48,7 @@ fn sockmap(limits: Limits) -> Option<Sockmap> {
 fn big_budget() -> Limits {
     Limits {
         budget: 1 << 40,
+        warn: 1 << 39,
         ..Limits::default()
     }
 }

@@ -4,7 +4,7 @@
 //! message. Byte counts come from the kernel: at every event, every
 //! [`REFRESH`], and when the pair ends or is taken back.
 //!
-//! When a direction passes half its budget (bulk: the copy path moves it
+//! When a direction passes its bell mark (bulk: the copy path moves it
 //! faster, and the budget bounds what the kernel holds for a slow reader)
 //! the pair is taken back without losing a byte, and the connection goes
 //! on on the copy path for the rest of its life. Where the kernel refuses

@@ -23,7 +23,7 @@
 //! - `counts`: a `HASH`, `cookie(source) → [redirected, kept]`, bit 63 of
 //!   `redirected` set once the direction has stalled.
 //! - `bell`: a ring buffer where the program writes a source's cookie when
-//!   its direction passes half its budget and when it stalls.
+//!   its direction passes its bell mark and when it stalls.
 //! - the program ([`verdict_program`]), per arriving segment: an empty one
 //!   (a bare FIN) is dropped; one that fits the budget goes out of the
 //!   target's egress and is counted; otherwise the direction stalls and
@@ -359,7 +359,7 @@ const STALLED: u64 = 1 << 63;
 
 /// The verdict program, for the `counts`, `targets` and `bell` maps: it
 /// redirects at most `budget` bytes per direction per handoff, and rings
-/// the bell when a direction passes half of that (the proxy's cue to take
+/// the bell when a direction passes `bell_at` (the proxy's cue to take
 /// the pair back) and when it stalls at the budget.
 ///
 /// ```text
@@ -377,7 +377,7 @@ const STALLED: u64 = 1 << 63;
 ///     r0 = bpf_sk_redirect_hash(r6, targets, r10 - 8, 0)  ; 0: egress
 ///     if r0 != SK_PASS goto stall      ; target gone
 ///     count = r9 + r7
-///     if r9 <= budget / 2 < count: bpf_ringbuf_output(bell, cookie)
+///     if r9 <= bell_at < count: bpf_ringbuf_output(bell, cookie)
 ///     r0 = SK_PASS; exit
 /// stall:
 ///     count = r9 | 1 << 63
@@ -399,6 +399,7 @@ pub fn verdict_program(
     targets_fd: RawFd,
     bell_fd: RawFd,
     budget: u64,
+    bell_at: u64,
 ) -> Vec<Insn> {
     use Reg::*;
     let mut a = Asm::default();
@@ -445,7 +446,7 @@ pub fn verdict_program(
         Insn::add64_reg(R1, R7),
         Insn::stx_dw(R8, 0, R1),
     ]);
-    a.push(Insn::ld_imm64(R2, budget / 2));
+    a.push(Insn::ld_imm64(R2, bell_at));
     a.jump(Some(Cond::GtReg(R9, R2)), done);
     a.jump(Some(Cond::GtReg(R1, R2)), ring);
     a.jump(None, done);
@@ -782,22 +783,39 @@ pub struct Limits {
     /// Sockets each map holds (two per connection).
     pub sockets: u32,
     /// Bytes one direction may redirect per handoff: the bound on what a
-    /// slow receiver can make the kernel hold for it. The bell rings at
-    /// half, for the proxy to take the pair back; at the full budget the
-    /// direction stalls.
+    /// slow receiver can make the kernel hold for it if the proxy does not
+    /// answer the bell. At the full budget the direction stalls (and the
+    /// pair can only be reset).
     pub budget: u64,
+    /// Bytes after which the bell rings for the proxy to take the pair back
+    /// (at most half the budget: see [`Limits::bell_at`]).
+    pub warn: u64,
+}
+
+impl Limits {
+    /// Where the bell rings: `warn`, but never past half the budget, so
+    /// the proxy always has at least as long to answer as the bell took.
+    pub fn bell_at(&self) -> u64 {
+        self.warn.min(self.budget / 2)
+    }
 }
 
 impl Default for Limits {
-    /// 32 768 connections; 4 MiB per direction, the default `tcp_wmem`
-    /// maximum, so a direction pins at most about what a full send buffer
-    /// does. Small request/response traffic runs for a million exchanges
-    /// per handoff; bulk, which the redirect moves slower than the copy
-    /// path does (measured), goes back to the copy path after 2 MiB.
+    /// 32 768 connections. The bell at 2 MiB: small request/response
+    /// traffic runs for a million exchanges per handoff; bulk, which the
+    /// redirect moves slower than the copy path does (measured), goes back
+    /// to the copy path. The stall at 32 MiB: the proxy has the 30 MiB in
+    /// between to answer the bell, about 25 ms of a 10 Gbit/s sender. With
+    /// the stall at 4 MiB (half of it after the bell, under 2 ms at that
+    /// rate) a loaded 2-vCPU machine missed it and bulk uploads were reset
+    /// (the perf suite's throughput warm-up). What the kernel holds for a
+    /// slow receiver is normally what arrived before the take-back, so a
+    /// few MiB; 32 MiB only if the proxy never answers.
     fn default() -> Limits {
         Limits {
             sockets: 65536,
-            budget: 4 << 20,
+            budget: 32 << 20,
+            warn: 2 << 20,
         }
     }
 }
@@ -859,6 +877,7 @@ impl Sockmap {
             targets.as_raw_fd(),
             bell.fd.as_raw_fd(),
             limits.budget,
+            limits.bell_at(),
         );
         let prog =
             load_program(&program).map_err(|(e, log)| explain("load program", &e, Some(log)))?;
@@ -877,7 +896,7 @@ impl Sockmap {
         self.limits
     }
 
-    /// Readable (`POLLIN`) when a direction has passed half its budget
+    /// Readable (`POLLIN`) when a direction has passed its bell mark
     /// or stalled since the last [`rung`](Self::rung): the one descriptor
     /// a core polls for all its pairs.
     pub fn bell(&self) -> BorrowedFd<'_> {
@@ -1166,7 +1185,7 @@ pub struct Flow {
     /// Kept on the source's psock after a stall (out of the copy path's
     /// reach, in order).
     pub kept: u64,
-    /// Past half the budget (or the handoff failed halfway): take the pair
+    /// Past the bell mark (or the handoff failed halfway): take the pair
     /// back now, while that is still lossless.
     pub warned: bool,
     /// At the budget (or the destination left the maps): from here on this
@@ -1284,7 +1303,7 @@ const VERDICT: usize = 2;
 ///   [`in_flight`](Flow::in_flight), [`finish`](Self::finish), and go on
 ///   with the copy path (which may hand the pair over again later, with a
 ///   fresh budget). [`Flow::stalled`]: the proxy did not take it back
-///   within half the budget; bytes now wait on the source's psock, where
+///   before the budget ran out; bytes now wait on the source's psock, where
 ///   they cannot be handed back in order: reset the connection.
 ///
 /// Dropping it takes both sockets out of the maps at once; bytes in flight
@@ -1328,7 +1347,7 @@ impl<'s> Redirected<'s> {
             in_flight: redirected.saturating_sub(delivered),
             held: arrived.saturating_sub(redirected + kept),
             kept,
-            warned: stalled || self.gave_up || redirected > self.map.limits.budget / 2,
+            warned: stalled || self.gave_up || redirected > self.map.limits.bell_at(),
             stalled,
             eof: rdhup(src)?,
         })
@@ -1549,7 +1568,7 @@ mod tests {
     /// jump lands inside the program.
     #[test]
     fn program_paths() {
-        let p = verdict_program(3, 4, 5, 1 << 20);
+        let p = verdict_program(3, 4, 5, 1 << 20, 1 << 19);
         let n = p.len();
         assert_eq!(
             &p[n - 2..],

@@ -24,4 +24,5 @@
 //! control thread.
 
 pub mod answer;
+pub mod message;
 pub mod names;

@@ -25,7 +25,10 @@
 //!
 //! Workload hostnames on their own are not answered: ztunnel's answers
 //! come from services only (its older releases also answered a
-//! workload's `hostname`; the 1.2x line does not).
+//! workload's `hostname`; the reference binary forwards it). Every rule
+//! above was checked against that binary, except namespace-only
+//! visibility (taken from its log line) and the choice among services
+//! sharing a hostname (from its source).
 
 use std::net::IpAddr;
 use std::sync::Arc;

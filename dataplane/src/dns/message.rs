@@ -4,22 +4,26 @@
 //! codec.
 //!
 //! What the responses look like follows ztunnel (hickory's server under
-//! ztunnel's handler):
+//! ztunnel's handler; each point checked against the reference binary):
 //! - a mesh answer or an empty one: NOERROR, AA and RA set, ID, opcode, RD
 //!   and CD copied, the question echoed as it was sent (its case kept),
-//!   records owned by the lowercased name; an OPT record when the query
-//!   had one, with the query's payload size (at least 512), EDNS version
-//!   and DO bit;
-//! - an error (SERVFAIL for an unknown pod, NOTIMP for an opcode other than
-//!   QUERY, FORMERR for a message that does not parse or is not a query
-//!   with exactly one question): the rcode, the question when it was read,
-//!   no AA, RA or OPT;
-//! - fewer than 12 bytes (no header, so no ID to answer to): nothing.
+//!   records owned by the lowercased name, TTL 30; an OPT record when the
+//!   query had one, with the query's payload size (at least 512), EDNS
+//!   version and DO bit;
+//! - an error: the rcode, no AA, RA or OPT. SERVFAIL for an unknown pod,
+//!   and for a well-formed query with no question or several (echoed);
+//!   NOTIMP, with the question, for an opcode other than QUERY; FORMERR,
+//!   without a question, for bytes that do not decode;
+//! - fewer than 12 bytes (no ID to answer to), or a response: nothing.
 //!
 //! Over UDP a response larger than the client can take (512 bytes, or
 //! the EDNS size it sent) keeps the answers that fit and sets TC, so the
 //! client retries over TCP; over TCP the limit is the 65535 bytes the
-//! length prefix allows.
+//! length prefix allows. Two deliberate differences from ztunnel here:
+//! without EDNS ztunnel does not truncate at all (it sent a 1624-byte
+//! datagram for 100 addresses), where RFC 1035 clients may take no more
+//! than 512; and when it truncates it drops the OPT record (leaving six
+//! bytes of it behind the last answer), where RFC 6891 wants it kept.
 
 use hickory_proto::op::{
     Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode,
@@ -122,13 +126,15 @@ impl Request {
 /// A query that is not answered normally.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
-    /// Not even a header, so no ID to answer to: say nothing.
+    /// Nothing to send: no header (so no ID to answer to), or a message
+    /// that is itself a response.
     Drop,
-    /// Answer with `code` (FORMERR, NOTIMP) under the query's header.
+    /// Answer with `code` (FORMERR, NOTIMP, SERVFAIL) under the query's
+    /// header.
     Respond {
         metadata: Metadata,
-        /// The question, when it was read.
-        query: Option<Query>,
+        /// The questions echoed: those read, when all were.
+        queries: Vec<Query>,
         code: ResponseCode,
     },
 }
@@ -137,7 +143,7 @@ impl Rejection {
     fn formerr(metadata: Metadata) -> Rejection {
         Rejection::Respond {
             metadata,
-            query: None,
+            queries: Vec::new(),
             code: ResponseCode::FormErr,
         }
     }
@@ -155,16 +161,20 @@ impl Rejection {
             Rejection::Drop => None,
             Rejection::Respond {
                 metadata,
-                query,
+                queries,
                 code,
-            } => Some(error_message(metadata, query.as_ref(), *code)),
+            } => Some(error_message(metadata, queries, *code)),
         }
     }
 }
 
 /// Parses one query message (a UDP datagram, or a TCP message without its
 /// length prefix). Never panics; whatever the bytes, the result is a
-/// request or what to answer instead.
+/// request or what to answer instead. What ztunnel does with each kind of
+/// bad input (checked against its binary): no header, or a response,
+/// gets nothing; bytes that do not decode get FORMERR without the
+/// question; an opcode other than QUERY gets NOTIMP; a well-formed query
+/// with no question or several gets SERVFAIL with them echoed.
 pub fn parse(bytes: &[u8]) -> Result<Request, Rejection> {
     if bytes.len() < HEADER_LEN {
         return Err(Rejection::Drop);
@@ -174,37 +184,47 @@ pub fn parse(bytes: &[u8]) -> Result<Request, Rejection> {
         return Err(Rejection::Drop);
     };
     let metadata = header.metadata;
-    if bytes.len() > MAX_MESSAGE
-        || metadata.message_type != MessageType::Query
-        || header.counts.queries != 1
-    {
-        // A response sent to us is answered FORMERR as ztunnel's handler
-        // does; more or fewer than one question is FORMERR in hickory's
-        // server (RFC 9619).
+    if metadata.message_type != MessageType::Query {
+        return Err(Rejection::Drop);
+    }
+    if bytes.len() > MAX_MESSAGE {
         return Err(Rejection::formerr(metadata));
     }
-    let query = Query::read(&mut decoder).map_err(|_| Rejection::formerr(metadata))?;
-    // The other sections are read (a malformed one is FORMERR, as in
-    // hickory's server) only for the OPT record.
-    let op = metadata.op_code;
     let counts = header.counts;
+    let mut queries = Vec::with_capacity(usize::from(counts.queries).min(8));
+    for _ in 0..counts.queries {
+        queries.push(Query::read(&mut decoder).map_err(|_| Rejection::formerr(metadata))?);
+    }
+    // The other sections are read (a malformed one is FORMERR) only for
+    // the OPT record.
+    let op = metadata.op_code;
     let edns = Message::read_records(&mut decoder, counts.answers.into(), false, op)
         .and_then(|_| Message::read_records(&mut decoder, counts.authorities.into(), false, op))
         .and_then(|_| Message::read_records(&mut decoder, counts.additionals.into(), true, op))
         .map_err(|_| Rejection::formerr(metadata))?
         .1;
-    if op != OpCode::Query {
-        return Err(Rejection::Respond {
+    let code = if op != OpCode::Query {
+        ResponseCode::NotImp
+    } else if queries.len() != 1 {
+        ResponseCode::ServFail
+    } else {
+        ResponseCode::NoError
+    };
+    match queries.pop() {
+        Some(query) if code == ResponseCode::NoError => Ok(Request {
             metadata,
-            query: Some(query),
-            code: ResponseCode::NotImp,
-        });
+            query,
+            edns,
+        }),
+        last => {
+            queries.extend(last);
+            Err(Rejection::Respond {
+                metadata,
+                queries,
+                code,
+            })
+        }
     }
-    Ok(Request {
-        metadata,
-        query,
-        edns,
-    })
 }
 
 /// The response bytes for `decision`, or None for [`Decision::Forward`]
@@ -221,7 +241,11 @@ pub fn respond(request: &Request, decision: &Decision, transport: Transport) -> 
 /// An error response to a parsed request (SERVFAIL when forwarding fails,
 /// for one).
 pub fn error_response(request: &Request, code: ResponseCode) -> Vec<u8> {
-    error_message(&request.metadata, Some(&request.query), code)
+    error_message(
+        &request.metadata,
+        std::slice::from_ref(&request.query),
+        code,
+    )
 }
 
 /// The authoritative response for a mesh name: `answer`'s records, or none.
@@ -318,15 +342,13 @@ fn encode(message: &Message, limit: u16) -> Option<(Vec<u8>, Header)> {
     Some((bytes, header))
 }
 
-fn error_message(request: &Metadata, query: Option<&Query>, code: ResponseCode) -> Vec<u8> {
+fn error_message(request: &Metadata, queries: &[Query], code: ResponseCode) -> Vec<u8> {
     let mut metadata = Metadata::response_from_request(request);
     metadata.response_code = code;
     let mut message = Message::new(metadata.id, MessageType::Response, metadata.op_code);
     message.metadata = metadata;
-    if let Some(query) = query {
-        message.add_query(query.clone());
-    }
-    // An echoed question fits any limit (a name is at most 255 bytes).
+    message.add_queries(queries.iter().cloned());
+    // More questions than fit fail the encoding: the bare header then.
     encode(&message, MIN_UDP_PAYLOAD)
         .map(|(bytes, _)| bytes)
         .unwrap_or_else(|| servfail_header(request))
@@ -465,7 +487,7 @@ mod tests {
 
     /// One row per malformed input: what parse makes of it.
     #[test]
-    fn malformed_queries_are_formerr_or_dropped() {
+    fn malformed_queries_are_rejected_as_ztunnel_rejects_them() {
         let valid = query_bytes(0x1234, "web.shop.", RecordType::A, None);
         let header = |qd: u16, flags: [u8; 2]| {
             let mut h = vec![0x12, 0x34, flags[0], flags[1]];
@@ -500,7 +522,7 @@ mod tests {
             (
                 "header only, QDCOUNT=0",
                 header(0, [1, 0]),
-                Some(ResponseCode::FormErr),
+                Some(ResponseCode::ServFail),
             ),
             (
                 "QDCOUNT=1 but no question",
@@ -545,7 +567,7 @@ mod tests {
             (
                 "QDCOUNT=2",
                 with(with(header(2, [1, 0]), &valid[12..]), &valid[12..]),
-                Some(ResponseCode::FormErr),
+                Some(ResponseCode::ServFail),
             ),
             (
                 "ANCOUNT claims a record that is not there",
@@ -558,11 +580,7 @@ mod tests {
             ),
             ("two OPT records", two_opts, Some(ResponseCode::FormErr)),
             ("oversized", oversized, Some(ResponseCode::FormErr)),
-            (
-                "a response, not a query",
-                response,
-                Some(ResponseCode::FormErr),
-            ),
+            ("a response, not a query", response, None),
             (
                 "opcode STATUS",
                 {
@@ -596,9 +614,23 @@ mod tests {
                         !m.metadata.authoritative && !m.metadata.recursion_available,
                         "{why}"
                     );
+                    if want == Some(ResponseCode::FormErr) {
+                        assert!(m.queries.is_empty(), "{why}: no question with FORMERR");
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn several_questions_are_servfail_with_all_of_them_echoed() {
+        let mut m = Message::new(8, MessageType::Query, OpCode::Query);
+        m.add_query(Query::query(name("a.example."), RecordType::A));
+        m.add_query(Query::query(name("b.example."), RecordType::AAAA));
+        let rejected = parse(&m.to_vec().unwrap()).unwrap_err();
+        let out = Message::from_vec(&rejected.response().unwrap()).unwrap();
+        assert_eq!(out.metadata.response_code, ResponseCode::ServFail);
+        assert_eq!(out.queries, m.queries);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! ones below it (`tests/layering.rs` checks it):
 //! - [`io`]: the per-core executor and its io_uring, sockets, streams, the
 //!   splice copy, network namespaces, listeners, counters.
+//! - [`dns`]: the DNS proxy's answers from the mesh snapshot and its wire
+//!   format (no sockets yet).
 //! - [`inpod`]: in-pod mode: pods enrolled over ZDS, their listeners in
 //!   their namespaces, and what a core keeps per pod.
 //! - [`telemetry`]: metrics, the access log and its formats, the admin
@@ -20,6 +22,7 @@
 
 pub mod app;
 pub mod core;
+pub mod dns;
 pub mod hbone;
 pub mod inpod;
 pub mod io;

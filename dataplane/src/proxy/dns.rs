@@ -324,13 +324,17 @@ impl DnsServer {
         }
         match message::respond(&request, &decision, transport) {
             Some(reply) => {
-                let outcome = match &decision {
-                    Decision::Answer(a) => format!("answered: {} addresses", a.addresses.len()),
-                    Decision::NoData => "answered: no records of that type".into(),
-                    Decision::UnknownClient => "servfail: unknown source workload".into(),
-                    Decision::Forward => unreachable!("forwarded queries have no local reply"),
-                };
-                self.log(&request, client, transport, &outcome);
+                // Built only when someone reads it: most queries are answered
+                // here, and the debug line is off by default.
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    let outcome = match &decision {
+                        Decision::Answer(a) => format!("answered: {} addresses", a.addresses.len()),
+                        Decision::NoData => "answered: no records of that type".into(),
+                        Decision::UnknownClient => "servfail: unknown source workload".into(),
+                        Decision::Forward => unreachable!("forwarded queries have no local reply"),
+                    };
+                    self.log(&request, client, transport, &outcome);
+                }
                 Local::Reply(reply)
             }
             None => Local::Forward(Job {

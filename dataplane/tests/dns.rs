@@ -313,6 +313,37 @@ fn sample(scrape: &str, name: &str, want: &[(&str, &str)]) -> u64 {
     found[0]
 }
 
+/// ringway in `ns` on the test mesh, serving DNS on a free port of
+/// 127.0.0.1 with these upstreams and forward timeout: it, the DNS
+/// address, and the directory its config lives in.
+fn serve_dns(
+    ns: &NetNs,
+    cores: &str,
+    upstreams: &str,
+    timeout: &str,
+) -> (common::Ringway, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "mesh.yaml", MESH);
+    let rw = ns.ringway(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--cores",
+        cores,
+        "--dns-addr",
+        "127.0.0.1:0",
+        "--dns-upstream",
+        upstreams,
+        "--dns-forward-timeout",
+        timeout,
+    ]);
+    let server = rw.listeners["listeners"]["dns"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("no dns listener: {}", rw.listeners))
+        .parse()
+        .unwrap();
+    (rw, server, dir)
+}
+
 #[test]
 fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
     require_dig();
@@ -321,26 +352,8 @@ fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
         ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"]);
     }
     let upstream = start_upstream(&ns);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), "mesh.yaml", MESH);
     let up = upstream.addr.to_string();
-    let rw = ns.ringway(&[
-        "--config",
-        cfg.to_str().unwrap(),
-        "--cores",
-        "2",
-        "--dns-addr",
-        "127.0.0.1:0",
-        "--dns-upstream",
-        &up,
-        "--dns-forward-timeout",
-        "1s",
-    ]);
-    let server: SocketAddr = rw.listeners["listeners"]["dns"][0]
-        .as_str()
-        .unwrap_or_else(|| panic!("no dns listener: {}", rw.listeners))
-        .parse()
-        .unwrap();
+    let (rw, server, _dir) = serve_dns(&ns, "2", &up, "1s");
     let (status, _) = rw.http_get("readiness", "/healthz/ready");
     assert!(status.contains(" 200 "), "ready once DNS serves: {status}");
     let ask = |src: &str, name: &str, kind: &str| dig(&ns, server, src, name, kind, &[]);
@@ -659,6 +672,48 @@ fn dns_proxy_answers_mesh_names_and_forwards_the_rest() {
     assert_eq!(dump["config"]["dnsProxy"], true, "{dump}");
     assert_eq!(dump["config"]["dnsProxyAddr"][0], server.to_string());
     assert_eq!(dump["config"]["dnsUpstreams"][0], up);
+}
+
+/// Several upstreams are asked in order: a silent one is given its share
+/// of the timeout, one that answers garbage passes on at once, and the
+/// client gets the first real answer.
+#[test]
+fn dns_forwarding_fails_over_to_the_next_upstream() {
+    require_dig();
+    let ns = NetNs::new("dns-over");
+    ns.ip(&["addr", "add", &format!("{CLIENT}/32"), "dev", "lo"]);
+    let real = start_upstream(&ns);
+    let (silent, garbled) = ns.enter(|| {
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let garbled = UdpSocket::bind("127.0.0.1:0").unwrap();
+        (silent, garbled)
+    });
+    let garbled_addr = garbled.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok((n, from)) = garbled.recv_from(&mut buf) {
+            let mut junk = buf[..2.min(n)].to_vec();
+            junk.extend_from_slice(&[0xff; 30]);
+            let _ = garbled.send_to(&junk, from);
+        }
+    });
+    let upstreams = format!(
+        "{},{garbled_addr},{}",
+        silent.local_addr().unwrap(),
+        real.addr
+    );
+    let (_rw, server, _dir) = serve_dns(&ns, "1", &upstreams, "1500ms");
+    let started = Instant::now();
+    let d = dig(&ns, server, CLIENT, "ext.example.org", "A", &[]);
+    let took = started.elapsed();
+    assert_eq!(d.data("A"), ["192.0.2.7"], "{}", d.raw);
+    // The silent one's share is a third of 1.5 s; the garbled one's turn
+    // ends at once.
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(1400),
+        "{took:?}"
+    );
+    drop(silent);
 }
 
 /// ztunnel refuses DNS with on-demand xDS; so does ringway, at startup,

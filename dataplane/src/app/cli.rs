@@ -335,7 +335,7 @@ pub struct Args {
     pub dns_addr: Option<String>,
 
     /// An upstream resolver for the names the mesh does not answer
-    /// ("IP" for port 53, or "IP:PORT"; repeatable, the first is asked).
+    /// ("IP" for port 53, or "IP:PORT"; repeatable, asked in order).
     /// Default: the nameservers of /etc/resolv.conf.
     #[arg(long, env = "RINGWAY_DNS_UPSTREAM", value_delimiter = ',')]
     pub dns_upstream: Vec<String>,

@@ -37,7 +37,7 @@ use std::time::Duration;
 pub struct DnsProxySettings {
     /// What changes the mesh's answers.
     pub answers: answer::DnsSettings,
-    /// Where names the mesh does not answer go; the first is asked.
+    /// Where names the mesh does not answer go, asked in order.
     pub upstreams: Vec<SocketAddr>,
     /// How long a forwarded query waits for its upstream (then SERVFAIL).
     pub timeout: Duration,

@@ -14,8 +14,9 @@
 //!   UDP socket per core and family (marked, so capture rules let it
 //!   pass); the reader of that socket hands each reply to the waiting
 //!   query through the core's pending table ([`forward`]). A truncated
-//!   reply is asked again over TCP from the same upstream. No reply by the
-//!   deadline, garbage, or a full table: SERVFAIL.
+//!   reply is asked again over TCP from the same upstream; a silent or
+//!   garbled upstream passes the query to the next one. No answer by the
+//!   deadline, or a full table: SERVFAIL.
 //!
 //! Bad input never stops a core: whatever the bytes, [`message::parse`]
 //! says what to answer (FORMERR, NOTIMP, SERVFAIL) or to stay silent, and
@@ -374,6 +375,10 @@ impl DnsServer {
         }
     }
 
+    /// Asks the upstreams in order until one answers: each gets an equal
+    /// share of the time left (the last all of it), so one silent server
+    /// does not use up the client's wait; one that cannot be sent to or
+    /// answers garbage passes to the next at once.
     async fn ask_upstream(
         &self,
         job: &Job,
@@ -381,7 +386,39 @@ impl DnsServer {
         transport: Transport,
     ) -> Result<(Vec<u8>, &'static str), Failure> {
         let deadline = Instant::now() + self.settings.timeout;
-        let upstream = *self.settings.upstreams.first().ok_or(Failure::Send)?;
+        let upstreams = &self.settings.upstreams;
+        let mut failure = Failure::Send;
+        for (i, &upstream) in upstreams.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let share = left / u32::try_from(upstreams.len() - i).unwrap_or(u32::MAX);
+            let attempt = Attempt {
+                upstream,
+                wait_until: Instant::now() + share,
+                deadline,
+            };
+            match self.ask_one(attempt, job, query, transport).await {
+                Ok(answer) => return Ok(answer),
+                Err(Failure::Full) => return Err(Failure::Full),
+                Err(why) => failure = why,
+            }
+        }
+        Err(failure)
+    }
+
+    /// One upstream's turn: its UDP reply by `wait_until`, and the TCP
+    /// retry after truncation by the query's `deadline`.
+    async fn ask_one(
+        &self,
+        attempt: Attempt,
+        job: &Job,
+        query: &[u8],
+        transport: Transport,
+    ) -> Result<(Vec<u8>, &'static str), Failure> {
+        let Attempt {
+            upstream,
+            wait_until,
+            deadline,
+        } = attempt;
         let sock = self
             .upstream
             .get(&upstream.is_ipv6())
@@ -406,7 +443,7 @@ impl DnsServer {
         let _entry = Forget(&self.pending, id);
         sock.send_to(&forward::with_id(query, id), upstream)
             .map_err(|_| Failure::Send)?;
-        let got = timer::timeout(deadline.saturating_duration_since(Instant::now()), rx).await;
+        let got = timer::timeout(wait_until.saturating_duration_since(Instant::now()), rx).await;
         match got {
             Ok(Ok(Upstream::Reply {
                 bytes,
@@ -495,6 +532,15 @@ impl DnsServer {
             "DNS query"
         );
     }
+}
+
+/// One upstream's turn at a forwarded query.
+struct Attempt {
+    upstream: SocketAddr,
+    /// When its UDP reply is given up on.
+    wait_until: Instant,
+    /// When the client gets SERVFAIL whatever happens.
+    deadline: Instant,
 }
 
 /// A query the mesh does not answer, on its way upstream.

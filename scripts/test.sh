@@ -19,6 +19,8 @@ command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 /usr/bin/python3 -c 'import h2' >/dev/null 2>&1 || need+=(python3 python3-h2)
+# dig: the DNS proxy's test (dataplane/tests/dns.rs) asks ringway with it.
+command -v dig >/dev/null 2>&1 || need+=(dnsutils)
 # promtool (Prometheus's checker) validates a real scrape of 15020.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then

@@ -13,6 +13,9 @@ use ringway_controlplane::model::WorkloadName;
 
 use super::plan::PinMode;
 use crate::core::config::ProxyConfig;
+use crate::dns::answer::DnsSettings;
+use crate::dns::names::ClusterDomain;
+use crate::dns::DnsProxySettings;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
@@ -323,6 +326,29 @@ pub struct Args {
     #[arg(long, env = "XDS_ON_DEMAND")]
     pub xds_on_demand: bool,
 
+    /// Serve the DNS proxy (UDP and TCP) on this address, node-level:
+    /// "IP:PORT" or "localhost:PORT" (127.0.0.1). Also from ztunnel's
+    /// proxy metadata `DNS_PROXY_ADDR` (env `ISTIO_META_DNS_PROXY_ADDR`
+    /// or `DNS_PROXY_ADDR`); `DNS_CAPTURE=true` turns it on at
+    /// 127.0.0.1:15053, `DNS_CAPTURE=false` keeps it off.
+    #[arg(long, env = "RINGWAY_DNS_ADDR")]
+    pub dns_addr: Option<String>,
+
+    /// An upstream resolver for the names the mesh does not answer
+    /// ("IP" for port 53, or "IP:PORT"; repeatable, asked in order).
+    /// Default: the nameservers of /etc/resolv.conf.
+    #[arg(long, env = "RINGWAY_DNS_UPSTREAM", value_delimiter = ',')]
+    pub dns_upstream: Vec<String>,
+
+    /// How long a forwarded DNS query waits for its upstream before the
+    /// client gets SERVFAIL.
+    #[arg(long, env = "RINGWAY_DNS_FORWARD_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub dns_forward_timeout: Duration,
+
+    /// The cluster's DNS domain (Kubernetes names are `*.svc.<domain>`).
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+
     /// How long a connection waits for an on-demand lookup before treating
     /// the destination as unknown.
     #[arg(long, env = "RINGWAY_ON_DEMAND_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -515,7 +541,108 @@ pub fn parse_proxy_workload(s: &str) -> Result<WorkloadName, String> {
     s.parse()
 }
 
+/// ztunnel's default DNS proxy address (its `DNS_PROXY_ADDR` default,
+/// "localhost:15053"; ringway binds the IPv4 loopback).
+pub const DEFAULT_DNS_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 15053);
+
+/// The DNS proxy as the flags and proxy metadata ask for it.
+#[derive(Debug, Clone)]
+pub struct DnsPlan {
+    pub addrs: Vec<SocketAddr>,
+    pub settings: DnsProxySettings,
+}
+
+/// A proxy metadata value as ztunnel reads it from the environment:
+/// `ISTIO_META_<KEY>` first, then the bare key.
+fn metadata(env: &dyn Fn(&str) -> Option<String>, key: &str) -> Option<String> {
+    env(&format!("ISTIO_META_{key}")).or_else(|| env(key))
+}
+
+/// "IP:PORT", "[IPv6]:PORT" or "localhost:PORT".
+fn parse_dns_addr(s: &str) -> anyhow::Result<SocketAddr> {
+    let s = s.trim();
+    if let Some(port) = s.strip_prefix("localhost:") {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| anyhow::anyhow!("invalid DNS proxy address {s:?}: bad port"))?;
+        return Ok(SocketAddr::new(
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            port,
+        ));
+    }
+    s.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "invalid DNS proxy address {s:?} (examples: 127.0.0.1:15053, localhost:15053)"
+        )
+    })
+}
+
+/// "IP" (port 53) or "IP:PORT".
+fn parse_upstream(s: &str) -> anyhow::Result<SocketAddr> {
+    let s = s.trim();
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    s.parse().map_err(|_| {
+        anyhow::anyhow!("invalid --dns-upstream {s:?} (examples: 10.96.0.10, 127.0.0.1:5353)")
+    })
+}
+
 impl Args {
+    /// Whether and where the DNS proxy serves, from the flags and the
+    /// environment (`env`: the process's, or a test's). Node-level mode
+    /// serves it only when asked (an address, or `DNS_CAPTURE=true`);
+    /// ztunnel's default-on belongs to in-pod mode, which does not serve
+    /// DNS yet (ignored there with a warning by the caller).
+    pub fn dns_plan(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Option<DnsPlan>> {
+        let capture = metadata(env, "DNS_CAPTURE").map(|v| v.trim().eq_ignore_ascii_case("true"));
+        let meta_addr = metadata(env, "DNS_PROXY_ADDR").filter(|a| !a.trim().is_empty());
+        let addr = match (&self.dns_addr, capture) {
+            (Some(_), Some(false)) => bail!(
+                "--dns-addr (RINGWAY_DNS_ADDR) asks for the DNS proxy but DNS_CAPTURE turns it off: give one"
+            ),
+            (Some(a), _) => Some(parse_dns_addr(a)?),
+            (None, Some(false)) => None,
+            (None, Some(true)) => Some(match &meta_addr {
+                Some(a) => parse_dns_addr(a)?,
+                None => DEFAULT_DNS_ADDR,
+            }),
+            (None, None) => meta_addr.as_deref().map(parse_dns_addr).transpose()?,
+        };
+        let Some(addr) = addr else { return Ok(None) };
+        if self.xds_on_demand {
+            bail!(
+                "the DNS proxy ({addr}) cannot run with on-demand xDS (XDS_ON_DEMAND): its answers \
+                 need every service up front, as in ztunnel, which refuses the same combination; \
+                 turn one off"
+            );
+        }
+        let upstreams = if self.dns_upstream.is_empty() {
+            crate::proxy::dns::system_upstreams()
+        } else {
+            self.dns_upstream
+                .iter()
+                .map(|u| parse_upstream(u))
+                .collect::<anyhow::Result<_>>()?
+        };
+        Ok(Some(DnsPlan {
+            addrs: vec![addr],
+            settings: DnsProxySettings {
+                answers: DnsSettings {
+                    cluster: ClusterDomain::new(&self.cluster_domain),
+                    ..DnsSettings::default()
+                },
+                upstreams,
+                timeout: self.dns_forward_timeout,
+                ..DnsProxySettings::default()
+            },
+        }))
+    }
+
     /// The settings every core runs with.
     pub fn proxy_config(&self) -> ProxyConfig {
         ProxyConfig {
@@ -551,6 +678,7 @@ impl Args {
             proxy_workload: self.proxy_workload.clone(),
             orig_src: self.orig_src(),
             fast_path: !self.no_fast_path,
+            dns: None,
             pool: PoolConfig {
                 max_streams: self.pool_max_streams.max(1),
                 idle_timeout: self.pool_idle_timeout,
@@ -570,6 +698,90 @@ pub fn test_args() -> Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The DNS proxy's switches: flags, ztunnel's proxy metadata from the
+    /// environment, and the combinations refused.
+    #[test]
+    fn dns_plan_from_flags_and_metadata() {
+        let args = |a: &[&str]| {
+            let mut v = vec!["ringway", "--dns-upstream", "10.0.0.10"];
+            v.extend_from_slice(a);
+            Cli::try_parse_from(v).unwrap().run
+        };
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let addrs =
+            |a: &Args, e: &dyn Fn(&str) -> Option<String>| a.dns_plan(e).unwrap().map(|p| p.addrs);
+        let none = env(&[]);
+        assert_eq!(
+            addrs(&args(&[]), &none),
+            None,
+            "off unless asked, node-level"
+        );
+        assert_eq!(
+            addrs(&args(&["--dns-addr", "10.1.0.1:53"]), &none),
+            Some(vec!["10.1.0.1:53".parse().unwrap()])
+        );
+        assert_eq!(
+            addrs(&args(&[]), &env(&[("DNS_CAPTURE", "TRUE")])),
+            Some(vec![DEFAULT_DNS_ADDR])
+        );
+        assert_eq!(
+            addrs(
+                &args(&[]),
+                &env(&[
+                    ("ISTIO_META_DNS_CAPTURE", "true"),
+                    ("ISTIO_META_DNS_PROXY_ADDR", "localhost:5353")
+                ])
+            ),
+            Some(vec!["127.0.0.1:5353".parse().unwrap()])
+        );
+        assert_eq!(
+            addrs(&args(&[]), &env(&[("DNS_PROXY_ADDR", "127.0.0.2:53")])),
+            Some(vec!["127.0.0.2:53".parse().unwrap()])
+        );
+        assert_eq!(
+            addrs(
+                &args(&[]),
+                &env(&[("DNS_CAPTURE", "false"), ("DNS_PROXY_ADDR", "127.0.0.2:53")])
+            ),
+            None
+        );
+        let err = |a: &Args, e: &dyn Fn(&str) -> Option<String>| {
+            format!("{:#}", a.dns_plan(e).unwrap_err())
+        };
+        assert!(err(
+            &args(&["--dns-addr", "127.0.0.1:53"]),
+            &env(&[("DNS_CAPTURE", "false")])
+        )
+        .contains("DNS_CAPTURE"));
+        assert!(err(&args(&["--dns-addr", "nope"]), &none).contains("invalid DNS proxy address"));
+        let on_demand = args(&["--dns-addr", "127.0.0.1:53", "--xds-on-demand"]);
+        assert!(err(&on_demand, &none).contains("on-demand"));
+        let plan = args(&[
+            "--dns-addr",
+            "127.0.0.1:53",
+            "--dns-upstream",
+            "127.0.0.1:5353",
+        ])
+        .dns_plan(&none)
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            plan.settings.upstreams,
+            vec![
+                "10.0.0.10:53".parse().unwrap(),
+                "127.0.0.1:5353".parse().unwrap()
+            ]
+        );
+        assert_eq!(plan.settings.timeout, Duration::from_secs(5));
+    }
 
     #[test]
     fn pin_flags_conflict_and_default_to_auto() {

@@ -25,9 +25,10 @@ use crate::hbone::tls::Certificates;
 use crate::inpod::{PodFeed, PodScope};
 use crate::io::copy::{self, Copier};
 use crate::io::executor::{self, timer};
-use crate::io::listener::{BoundListener, SelfAddrs};
+use crate::io::listener::{BoundListener, DnsListener, SelfAddrs};
 use crate::io::uring::Poller;
 use crate::proxy::accept::accept_loop;
+use crate::proxy::dns::DnsServer;
 use crate::telemetry::accesslog::OpenConnections;
 use crate::telemetry::metrics::CoreMetrics;
 
@@ -44,6 +45,8 @@ pub struct CoreSeed {
     pub metrics: CoreMetrics,
     /// In-pod mode: the enrolled pods, whose listeners this core serves.
     pub pods: Option<PodFeed>,
+    /// The DNS proxy's sockets on this core (node-level; empty when off).
+    pub dns: Vec<DnsListener>,
 }
 
 async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result<()> {
@@ -58,6 +61,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         self_addrs,
         metrics,
         pods,
+        dns,
     } = seed;
     let force_close = crate::io::latch::Latch::new();
     let poller: Rc<Poller> = executor::poller();
@@ -219,6 +223,16 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         .map(|l| executor::spawn_local(accept_loop(core.clone(), l, None)))
         .collect();
     let pod_follower = pods.map(|feed| executor::spawn_local(follow_pods(core.clone(), feed)));
+    // Before readiness: a core reports ready only once it serves DNS too.
+    let dns_tasks = match (&core.cfg.dns, dns.is_empty()) {
+        (Some(settings), false) => {
+            let server = DnsServer::new(core.clone(), settings.clone()).map_err(|e| {
+                anyhow!("core {index}: cannot make the DNS proxy's upstream socket: {e}")
+            })?;
+            server.serve(dns)
+        }
+        _ => Vec::new(),
+    };
     let _ = ready.send(index);
 
     while !*shutdown.borrow_and_update() {
@@ -230,6 +244,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
     // (the pods' with the follower, which owns them).
     drop(accept_tasks);
     drop(pod_follower);
+    drop(dns_tasks);
     let open = core.open.get();
     if open > 0 {
         tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");

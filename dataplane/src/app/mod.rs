@@ -35,7 +35,7 @@ use tokio::sync::watch;
 
 use crate::app::cgroup::format_cpu_list;
 use crate::app::checks::{check_io_uring, check_memlock, raise_nofile};
-use crate::app::cli::Args;
+use crate::app::cli::{Args, DnsPlan};
 use crate::app::control::{CertSourceKind, ConfigSource, Control};
 use crate::app::cores::{start_cores, CoreSeed};
 use crate::app::plan::{format_cpus, plan_cores, CorePlan, CpuFacts};
@@ -43,7 +43,7 @@ use crate::app::signals::set_termination_signals_blocked;
 use crate::core::ControlHandles;
 use crate::inpod::manager::{InpodManager, InpodSettings, InpodStatus};
 use crate::inpod::PodPorts;
-use crate::io::listener::{bind_all, SelfAddrs, TrafficPath};
+use crate::io::listener::{bind_all, bind_dns, SelfAddrs, TrafficPath};
 use crate::io::socket;
 use crate::telemetry::admin::Admin;
 use crate::telemetry::metrics::MetricsHub;
@@ -57,7 +57,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     set_termination_signals_blocked(true);
-    let cfg = args.proxy_config();
+    let mut cfg = args.proxy_config();
+    let mut dns = args.dns_plan(&|k| std::env::var(k).ok())?;
+    if args.inpod && dns.is_some() {
+        // The hook for the next slice: in-pod, each pod's namespace gets
+        // its own DNS sockets, which the pod listeners do not carry yet.
+        tracing::warn!("in-pod mode does not serve the DNS proxy yet; DNS settings ignored");
+        dns = None;
+    }
+    cfg.dns = dns.as_ref().map(|d| d.settings.clone());
 
     // Before the slower steps, so a bad --cores or pinning flag fails fast.
     let plan = plan_cores(args.cores.as_deref(), &CpuFacts::read(), args.pin_mode()?)?;
@@ -133,11 +141,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let keepalive = (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive);
     let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
+    let mut dns_per_core = match &dns {
+        Some(d) => bind_dns(&d.addrs, plan.cpus.len())?,
+        None => (0..plan.cpus.len()).map(|_| Vec::new()).collect(),
+    };
+    let dns_bound: Vec<std::net::SocketAddr> = dns_per_core[0].iter().map(|l| l.addr).collect();
+    if let Some(d) = &dns {
+        tracing::info!(
+            addrs = ?dns_bound,
+            upstreams = ?d.settings.upstreams,
+            timeout = ?d.settings.timeout,
+            "DNS proxy on"
+        );
+    }
     let bound: Vec<(TrafficPath, std::net::SocketAddr)> =
         per_core[0].iter().map(|l| (l.path, l.addr)).collect();
     let pod_ports = PodPorts::default();
     let mut self_addrs = SelfAddrs {
-        ports: bound.iter().map(|(_, a)| a.port()).collect(),
+        ports: bound
+            .iter()
+            .map(|(_, a)| a.port())
+            .chain(dns_bound.iter().map(|a| a.port()))
+            .collect(),
         local_ips: socket::local_interface_addrs(),
     };
     if args.inpod {
@@ -174,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         snapshots: publisher.clone(),
         certs: cert_publisher.clone(),
         metrics: metrics.clone(),
-        config: static_config(&args, &plan),
+        config: static_config(&args, &plan, dns.as_ref(), &dns_bound),
         node: args.node_name.clone(),
         quit: Arc::new(tokio::sync::Notify::new()),
         inpod: None,
@@ -234,6 +259,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             self_addrs: self_addrs.clone(),
             metrics: metrics.core(!args.no_metrics),
             pods: inpod.as_ref().map(|(_, feed, _)| feed.clone()),
+            dns: std::mem::take(&mut dns_per_core[index]),
         })
         .collect();
     let handles = start_cores(&plan, seeds, &cores_ready)?;
@@ -282,6 +308,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .entry(path.name())
             .or_default()
             .push(addr.to_string());
+    }
+    for addr in &dns_bound {
+        by_path.entry("dns").or_default().push(addr.to_string());
     }
     by_path
         .entry("readiness")
@@ -355,8 +384,18 @@ impl Drop for ZdsThreadGuard {
 }
 
 /// The `config` of `/config_dump`: the settings ringway runs with.
-fn static_config(args: &Args, plan: &CorePlan) -> serde_json::Value {
+fn static_config(
+    args: &Args,
+    plan: &CorePlan,
+    dns: Option<&DnsPlan>,
+    dns_bound: &[std::net::SocketAddr],
+) -> serde_json::Value {
     serde_json::json!({
+        "dnsProxy": dns.is_some(),
+        "dnsProxyAddr": dns_bound.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "dnsUpstreams": dns.map(|d| d.settings.upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
+        "dnsForwardTimeout": dns.map(|d| format!("{:?}", d.settings.timeout)),
+        "clusterDomain": args.cluster_domain,
         "proxyMode": if args.proxy_workload.is_some() { "Dedicated" } else { "Shared" },
         "inpodEnabled": args.inpod,
         "inpodUds": args.inpod.then(|| args.inpod_uds.display().to_string()),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use ringway_controlplane::model::WorkloadName;
 
+use crate::dns::DnsProxySettings;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
@@ -38,4 +39,6 @@ pub struct ProxyConfig {
     pub orig_src: bool,
     /// HBONE to a workload of this node is served in-process.
     pub fast_path: bool,
+    /// The DNS proxy, when it serves.
+    pub dns: Option<DnsProxySettings>,
 }

@@ -14,15 +14,50 @@
 //!   the response bytes for each outcome, truncated to what the client
 //!   said it can receive, with hickory-proto.
 //!
-//! Where the work will run (next slice): answers read the mesh snapshot,
-//! which every core already holds lock-free, so each core gets its own UDP
-//! and TCP listeners on 15053 (`SO_REUSEPORT`, bound like the other
-//! listeners, in-pod inside each pod's namespace) and answers on the core
-//! that received the query, with no hop to another thread. Forwarded
-//! queries (upstream resolvers, TCP retry on truncation, timeouts) are
-//! decided later: on the cores with their own sockets, or handed to the
-//! control thread.
+//! - [`forward`]: the upstream resolvers, the table of forwarded queries in
+//!   flight and which upstream replies are taken.
+//!
+//! Where the work runs: on the cores (`proxy::dns`). Answers read the mesh
+//! snapshot, which every core already holds lock-free, so each core has
+//! its own UDP and TCP sockets on the DNS address (`SO_REUSEPORT`) and
+//! answers on the core that received the query; forwarded queries leave
+//! from the same core's own upstream socket, with no hop to another
+//! thread.
 
 pub mod answer;
+pub mod forward;
 pub mod message;
 pub mod names;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The DNS proxy's settings, as every core gets them.
+#[derive(Debug, Clone)]
+pub struct DnsProxySettings {
+    /// What changes the mesh's answers.
+    pub answers: answer::DnsSettings,
+    /// Where names the mesh does not answer go, asked in order.
+    pub upstreams: Vec<SocketAddr>,
+    /// How long a forwarded query waits for its upstream (then SERVFAIL).
+    pub timeout: Duration,
+    /// Forwarded queries in flight per core; more get SERVFAIL at once.
+    pub max_pending: usize,
+    /// TCP clients per core; more are closed at once.
+    pub max_tcp_connections: usize,
+    /// A TCP client that sends no query for this long is closed.
+    pub tcp_idle_timeout: Duration,
+}
+
+impl Default for DnsProxySettings {
+    fn default() -> Self {
+        DnsProxySettings {
+            answers: answer::DnsSettings::default(),
+            upstreams: Vec::new(),
+            timeout: forward::DEFAULT_TIMEOUT,
+            max_pending: forward::DEFAULT_MAX_PENDING,
+            max_tcp_connections: 1024,
+            tcp_idle_timeout: Duration::from_secs(10),
+        }
+    }
+}

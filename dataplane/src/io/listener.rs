@@ -88,6 +88,36 @@ pub fn bind_all(
     Ok(per_core)
 }
 
+/// One core's DNS sockets on one address: UDP and TCP on the same port.
+pub struct DnsListener {
+    pub addr: SocketAddr,
+    pub udp: OwnedFd,
+    pub tcp: OwnedFd,
+}
+
+/// Binds the DNS proxy's UDP socket and TCP listener on every address,
+/// once per core (SO_REUSEPORT). With port 0 the first core's UDP bind
+/// picks the port and the TCP listeners and the other cores take it.
+pub fn bind_dns(addrs: &[SocketAddr], cores: usize) -> anyhow::Result<Vec<Vec<DnsListener>>> {
+    let mut per_core: Vec<Vec<DnsListener>> = (0..cores).map(|_| Vec::new()).collect();
+    for &requested in addrs {
+        let mut addr = requested;
+        for (core, slot) in per_core.iter_mut().enumerate() {
+            let udp = socket::bind_udp(addr).with_context(|| {
+                format!("cannot bind the DNS proxy's UDP socket on {addr} (core {core}); is another process using the port?")
+            })?;
+            if addr.port() == 0 {
+                addr = socket::local_addr(udp.as_fd())?;
+            }
+            let tcp = socket::bind_listener(addr, false, BACKLOG).with_context(|| {
+                format!("cannot bind the DNS proxy's TCP listener on {addr} (core {core}); is another process using the port?")
+            })?;
+            slot.push(DnsListener { addr, udp, tcp });
+        }
+    }
+    Ok(per_core)
+}
+
 /// Addresses that lead back into ringway itself: a destination with one of
 /// our listener ports on a local address would make a forwarding loop.
 #[derive(Clone, Debug, Default)]
@@ -153,6 +183,16 @@ mod tests {
         assert_eq!(s.tcp_keepalive_time().unwrap(), idle);
         assert_eq!(s.tcp_keepalive_interval().unwrap(), idle);
         assert_eq!(s.tcp_keepalive_retries().unwrap(), 9);
+    }
+
+    #[test]
+    fn dns_sockets_share_one_port_across_cores() {
+        let bound = bind_dns(&["127.0.0.1:0".parse().unwrap()], 2).unwrap();
+        let addr = bound[0][0].addr;
+        assert_ne!(addr.port(), 0);
+        assert_eq!(bound[1][0].addr, addr);
+        assert_eq!(socket::local_addr(bound[1][0].udp.as_fd()).unwrap(), addr);
+        assert_eq!(socket::local_addr(bound[0][0].tcp.as_fd()).unwrap(), addr);
     }
 
     #[test]

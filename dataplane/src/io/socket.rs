@@ -346,16 +346,7 @@ impl Pipe {
 /// on the same address with SO_REUSEPORT and the kernel spreads incoming
 /// connections across them.
 pub fn bind_listener(addr: SocketAddr, transparent: bool, backlog: i32) -> io::Result<OwnedFd> {
-    let sock = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM.nonblocking().cloexec(),
-        None,
-    )?;
-    sock.set_reuse_address(true)?;
-    sock.set_reuse_port(true)?;
-    if addr.is_ipv6() {
-        sock.set_only_v6(true)?;
-    }
+    let sock = shared_port(addr, Type::STREAM)?;
     if transparent {
         // TPROXY delivery needs IP_TRANSPARENT (CAP_NET_ADMIN). Without it
         // the listener still serves REDIRECTed traffic, so only warn.
@@ -370,6 +361,46 @@ pub fn bind_listener(addr: SocketAddr, transparent: bool, backlog: i32) -> io::R
     }
     sock.bind(&SockAddr::from(addr))?;
     sock.listen(backlog)?;
+    Ok(sock.into())
+}
+
+/// Binds one core's UDP socket on `addr` (nonblocking, SO_REUSEPORT so
+/// every core binds the same address and the kernel spreads datagrams by
+/// their source).
+pub fn bind_udp(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let sock = shared_port(addr, Type::DGRAM)?;
+    sock.bind(&SockAddr::from(addr))?;
+    Ok(sock.into())
+}
+
+/// A nonblocking socket of `kind` for `addr`, not yet bound, that every
+/// core may bind on the same address (SO_REUSEPORT); IPv6 only for an
+/// IPv6 address, so `[::]` and `0.0.0.0` are separate listeners.
+fn shared_port(addr: SocketAddr, kind: Type) -> io::Result<Socket> {
+    let sock = Socket::new(
+        Domain::for_address(addr),
+        kind.nonblocking().cloexec(),
+        None,
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        sock.set_only_v6(true)?;
+    }
+    Ok(sock)
+}
+
+/// An unbound nonblocking UDP socket of `addr`'s family, with SO_MARK
+/// `mark` (0: none) so capture rules let ringway's own queries pass.
+pub fn udp_socket(addr: SocketAddr, mark: u32) -> io::Result<OwnedFd> {
+    let sock = Socket::new(
+        Domain::for_address(addr),
+        Type::DGRAM.nonblocking().cloexec(),
+        None,
+    )?;
+    if mark != 0 {
+        sock.set_mark(mark)?;
+    }
     Ok(sock.into())
 }
 

@@ -10,12 +10,15 @@
 //!   workloads.
 //! - [`socks5`] (15080, off by default): a SOCKS5 front door into the
 //!   outbound path.
+//! - [`dns`] (15053, when on): the DNS proxy's UDP and TCP sockets, mesh
+//!   answers and forwarding upstream.
 //! - [`downstream`]: what a client hears of its upstream; refusals and
 //!   bounded replies.
 //! - [`direct`]: a plain TCP upstream, copied with splice.
 
 pub mod accept;
 pub mod direct;
+pub mod dns;
 pub mod downstream;
 pub mod fast_path;
 pub mod inbound;

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use ringway_controlplane::model::{Service, Workload};
 
 use crate::io::count::Counter;
+use crate::telemetry::dns_metrics::{CoreDnsMetrics, DnsHub};
 use ringway_controlplane::sources::xds::{
     TerminationReason, XdsMetrics, ADDRESS_TYPE_URL, AUTHORIZATION_TYPE_URL,
 };
@@ -155,6 +156,14 @@ pub struct CoreStats {
     /// From a config message's arrival to this core serving the snapshot
     /// built from it.
     pub propagation: Propagation,
+    /// DNS: datagrams from upstream resolvers that matched no query in
+    /// flight (unknown ID, another sender, another question).
+    pub dns_stray_replies: Counter,
+    /// DNS: queries answered SERVFAIL because the core already had its cap
+    /// of forwarded queries in flight.
+    pub dns_pending_full: Counter,
+    /// DNS: TCP clients closed at once because the core had its cap.
+    pub dns_tcp_refused: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -214,6 +223,8 @@ pub struct CoreMetrics {
     scratch: RefCell<String>,
     hub: crossbeam_channel::Sender<Arc<TcpCounters>>,
     pub stats: Arc<CoreStats>,
+    /// The DNS proxy's series.
+    pub dns: CoreDnsMetrics,
 }
 
 impl CoreMetrics {
@@ -252,6 +263,7 @@ pub struct MetricsHub {
     sender: crossbeam_channel::Sender<Arc<TcpCounters>>,
     sets: Mutex<Vec<Arc<TcpCounters>>>,
     cores: Mutex<Vec<Arc<CoreStats>>>,
+    dns: DnsHub,
 }
 
 impl Default for MetricsHub {
@@ -262,6 +274,7 @@ impl Default for MetricsHub {
             sender,
             sets: Mutex::default(),
             cores: Mutex::default(),
+            dns: DnsHub::default(),
         }
     }
 }
@@ -342,6 +355,7 @@ impl MetricsHub {
             scratch: RefCell::new(String::with_capacity(1024)),
             hub: self.sender.clone(),
             stats,
+            dns: self.dns.core(enabled),
         }
     }
 
@@ -447,7 +461,8 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
-        let per_core: [PerCore; 17] = [
+        self.dns.render(&mut out);
+        let per_core: [PerCore; 20] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -549,6 +564,24 @@ impl MetricsHub {
                 "gauge",
                 "In-pod mode: enrolled pods a core accepts for",
                 |s| s.pods.get(),
+            ),
+            (
+                "ringway_core_dns_stray_replies_total",
+                "counter",
+                "Datagrams from upstream resolvers that matched no forwarded query (dropped)",
+                |s| s.dns_stray_replies.get(),
+            ),
+            (
+                "ringway_core_dns_pending_full_total",
+                "counter",
+                "DNS queries answered SERVFAIL because the core had its cap of forwarded queries in flight",
+                |s| s.dns_pending_full.get(),
+            ),
+            (
+                "ringway_core_dns_tcp_refused_total",
+                "counter",
+                "DNS TCP clients closed at once because the core had its cap of connections",
+                |s| s.dns_tcp_refused.get(),
             ),
         ];
         if let Some(x) = xds {

@@ -7,6 +7,7 @@
 pub mod accesslog;
 pub mod admin;
 pub mod allocator;
+pub mod dns_metrics;
 pub mod http;
 pub mod logfmt;
 pub mod metrics;

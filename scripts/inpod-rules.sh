@@ -15,7 +15,10 @@
 #       → REDIRECT to 15006 (plaintext inbound).
 #   nat, output (priority -100), traffic leaving the pod's own sockets:
 #     - TCP back to the probe address is left alone;
-#     - (--dns only) DNS to a non-loopback resolver → 15053;
+#     - DNS (UDP and TCP port 53) to a non-loopback resolver and not
+#       marked as ringway's → 15053, where ringway's DNS proxy listens in
+#       the pod (istio-cni's default since Istio 1.25; --no-dns leaves
+#       DNS alone);
 #     - connections carrying the return-path mark 0x111 are left alone;
 #     - anything routed over lo (the pod calling itself) is left alone;
 #     - other TCP not marked as ringway's → REDIRECT to 15001 (outbound).
@@ -30,11 +33,9 @@
 #     table 100, whose one route "local 0.0.0.0/0 dev lo" (and ::/0) delivers
 #     them locally, to ringway's transparent socket, instead of out of the
 #     pod to the real client.
-#   raw (priority -300, --dns only): ringway's own DNS queries upstream and
-#     their answers get conntrack zone 1, apart from the pod's queries.
-#
-# DNS capture is off by default: ringway has no DNS proxy on 15053 yet, and
-# with --dns and nothing listening there the pod's DNS would fail.
+#   raw (priority -300, with DNS capture): ringway's own DNS queries
+#     upstream and their answers get conntrack zone 1, apart from the pod's
+#     queries (whose redirected flows could otherwise share their tuple).
 #
 #   scripts/inpod-rules.sh <netns> [options]             install (or replace)
 #   scripts/inpod-rules.sh <netns> --remove [--table N]  remove
@@ -48,7 +49,9 @@
 #   --hbone-port P      HBONE listener, never redirected (15008)
 #   --probe-addr A      IPv4 source of kubelet probes (169.254.7.127)
 #   --probe-addr6 A     IPv6 source of kubelet probes (fd16:9254:7127:1337:ffff:ffff:ffff:ffff)
-#   --dns [--dns-port P]  also capture DNS (port 53, UDP and TCP) to P (15053)
+#   --dns-port P        the DNS proxy's port in the pod (15053)
+#   --no-dns            leave DNS alone (istio-cni's cni.ambient.dnsCapture=false);
+#                       --dns, capture on, is the default
 #   --table N           routing table of the return path (100)
 #
 # Idempotent: installing again replaces the table in one nft transaction
@@ -83,7 +86,7 @@ netns="" action=install
 mark=${RINGWAY_MARK:-0x539}
 out_port=15001 in_port=15006 hbone_port=15008 dns_port=15053
 probe4=169.254.7.127 probe6=fd16:9254:7127:1337:ffff:ffff:ffff:ffff
-dns=0 table=100
+dns=1 table=100
 
 need_value() {
   [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"
@@ -99,6 +102,7 @@ while [ $# -gt 0 ]; do
     --probe-addr) need_value "$@"; probe4=$2; shift 2 ;;
     --probe-addr6) need_value "$@"; probe6=$2; shift 2 ;;
     --dns) dns=1; shift ;;
+    --no-dns) dns=0; shift ;;
     --dns-port) need_value "$@"; dns_port=$2; shift 2 ;;
     --table) need_value "$@"; table=$2; shift 2 ;;
     -h | --help) help_text; exit 0 ;;

@@ -337,8 +337,8 @@ fn table_100(p: &Pod, family: &str) -> String {
 
 /// (e) However often it runs, one copy of the rules, one policy rule and
 /// one route per family; `--remove` takes all of it away and is quiet the
-/// second time; other tables in the namespace are left alone. `--dns` adds
-/// the DNS capture; the file in deploy/ is what the script installs.
+/// second time; other tables in the namespace are left alone. DNS capture
+/// is on unless `--no-dns`; the file in deploy/ is what the script installs.
 #[test]
 fn rules_install_once_however_often_run_and_remove_cleanly() {
     let p = Pod::new("irx");
@@ -353,18 +353,22 @@ fn rules_install_once_however_often_run_and_remove_cleanly() {
     assert_eq!(rules.matches("tcp dport != 15008").count(), 2, "{rules}");
     assert_eq!(rules.matches("ct mark set").count(), 1, "{rules}");
     assert_eq!(rules.matches("meta mark set ct mark").count(), 1, "{rules}");
+    // Ingress and egress TCP (2 each), DNS (UDP, TCP per family) and the
+    // upstream replies' conntrack zone.
     assert_eq!(
         rules
             .matches("meta mark & 0x00000fff != 0x00000539")
             .count(),
-        4,
+        8,
         "{rules}"
     );
     assert_eq!(rules.matches(PROBE).count(), 2, "{rules}");
-    assert!(
-        !rules.contains("15053"),
-        "no DNS capture unless asked: {rules}"
+    assert_eq!(
+        rules.matches("redirect to :15053").count(),
+        3,
+        "DNS captured by default, as istio-cni does: {rules}"
     );
+    assert_eq!(rules.matches("ct zone set 1").count(), 2, "{rules}");
     for family in ["-4", "-6"] {
         assert_eq!(return_rules(&p, family), 1, "ip {family} rule");
         let routes = table_100(&p, family);
@@ -376,13 +380,13 @@ fn rules_install_once_however_often_run_and_remove_cleanly() {
         assert!(routes.starts_with("local default dev lo"), "{routes}");
     }
 
-    // DNS capture on request, and gone again when not asked for.
-    p.rules(&["--dns"]);
+    // DNS left alone on request, and captured again by default.
+    p.rules(&["--no-dns"]);
     let rules = p.nft_table();
-    assert_eq!(rules.matches("redirect to :15053").count(), 3, "{rules}");
-    assert_eq!(rules.matches("ct zone set 1").count(), 2, "{rules}");
+    assert!(!rules.contains("15053"), "{rules}");
+    assert!(!rules.contains("ct zone"), "{rules}");
     p.rules(&[]);
-    assert!(!p.nft_table().contains("15053"));
+    assert_eq!(p.nft_table().matches("redirect to :15053").count(), 3);
     assert_eq!(return_rules(&p, "-4"), 1);
 
     // Other ports and mark.

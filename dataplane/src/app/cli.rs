@@ -550,6 +550,9 @@ pub const DEFAULT_DNS_ADDR: SocketAddr =
 #[derive(Debug, Clone)]
 pub struct DnsPlan {
     pub addrs: Vec<SocketAddr>,
+    /// The address was given as `localhost` (ztunnel's default): in-pod,
+    /// pods with IPv6 loopback get `[::1]` on the same port too.
+    pub localhost: bool,
     pub settings: DnsProxySettings,
 }
 
@@ -557,6 +560,10 @@ pub struct DnsPlan {
 /// `ISTIO_META_<KEY>` first, then the bare key.
 fn metadata(env: &dyn Fn(&str) -> Option<String>, key: &str) -> Option<String> {
     env(&format!("ISTIO_META_{key}")).or_else(|| env(key))
+}
+
+fn is_localhost(s: &str) -> bool {
+    s.trim().starts_with("localhost:")
 }
 
 /// "IP:PORT", "[IPv6]:PORT" or "localhost:PORT".
@@ -591,29 +598,33 @@ fn parse_upstream(s: &str) -> anyhow::Result<SocketAddr> {
 
 impl Args {
     /// Whether and where the DNS proxy serves, from the flags and the
-    /// environment (`env`: the process's, or a test's). Node-level mode
-    /// serves it only when asked (an address, or `DNS_CAPTURE=true`);
-    /// ztunnel's default-on belongs to in-pod mode, which does not serve
-    /// DNS yet (ignored there with a warning by the caller).
+    /// environment (`env`: the process's, or a test's). In-pod mode serves
+    /// it unless `DNS_CAPTURE` says anything but "true", as ztunnel does
+    /// (istio-cni captures pods' DNS by default); node-level mode only when
+    /// asked (an address, or `DNS_CAPTURE=true`), since its address would
+    /// be the node's own loopback.
     pub fn dns_plan(
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Option<DnsPlan>> {
         let capture = metadata(env, "DNS_CAPTURE").map(|v| v.trim().eq_ignore_ascii_case("true"));
         let meta_addr = metadata(env, "DNS_PROXY_ADDR").filter(|a| !a.trim().is_empty());
-        let addr = match (&self.dns_addr, capture) {
+        // The address as given; None for ztunnel's default (localhost).
+        let given = match (&self.dns_addr, capture) {
             (Some(_), Some(false)) => bail!(
                 "--dns-addr (RINGWAY_DNS_ADDR) asks for the DNS proxy but DNS_CAPTURE turns it off: give one"
             ),
-            (Some(a), _) => Some(parse_dns_addr(a)?),
+            (Some(a), _) => Some(Some(a.clone())),
             (None, Some(false)) => None,
-            (None, Some(true)) => Some(match &meta_addr {
-                Some(a) => parse_dns_addr(a)?,
-                None => DEFAULT_DNS_ADDR,
-            }),
-            (None, None) => meta_addr.as_deref().map(parse_dns_addr).transpose()?,
+            (None, Some(true)) => Some(meta_addr),
+            (None, None) if self.inpod => Some(meta_addr),
+            (None, None) => meta_addr.map(Some),
         };
-        let Some(addr) = addr else { return Ok(None) };
+        let Some(given) = given else { return Ok(None) };
+        let (addr, localhost) = match &given {
+            Some(a) => (parse_dns_addr(a)?, is_localhost(a)),
+            None => (DEFAULT_DNS_ADDR, true),
+        };
         if self.xds_on_demand {
             bail!(
                 "the DNS proxy ({addr}) cannot run with on-demand xDS (XDS_ON_DEMAND): its answers \
@@ -631,6 +642,7 @@ impl Args {
         };
         Ok(Some(DnsPlan {
             addrs: vec![addr],
+            localhost,
             settings: DnsProxySettings {
                 answers: DnsSettings {
                     cluster: ClusterDomain::new(&self.cluster_domain),
@@ -781,6 +793,26 @@ mod tests {
             ]
         );
         assert_eq!(plan.settings.timeout, Duration::from_secs(5));
+
+        // In-pod: on unless DNS_CAPTURE says anything but "true", as ztunnel.
+        let inpod = args(&["--inpod"]);
+        let plan = inpod.dns_plan(&none).unwrap().unwrap();
+        assert_eq!(plan.addrs, vec![DEFAULT_DNS_ADDR]);
+        assert!(plan.localhost, "ztunnel's default is localhost:15053");
+        assert_eq!(addrs(&inpod, &env(&[("DNS_CAPTURE", "false")])), None);
+        assert_eq!(addrs(&inpod, &env(&[("DNS_CAPTURE", "yes")])), None);
+        let plan = inpod
+            .dns_plan(&env(&[("ISTIO_META_DNS_PROXY_ADDR", "127.0.0.1:5353")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan.addrs, vec!["127.0.0.1:5353".parse().unwrap()]);
+        assert!(!plan.localhost);
+        assert!(err(&args(&["--inpod", "--xds-on-demand"]), &none).contains("on-demand"));
+        assert!(addrs(
+            &args(&["--inpod", "--xds-on-demand"]),
+            &env(&[("DNS_CAPTURE", "false")])
+        )
+        .is_none());
     }
 
     #[test]

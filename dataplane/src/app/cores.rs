@@ -320,14 +320,21 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
             if running.contains_key(uid) {
                 continue;
             }
-            let Some(listeners) = entry.take_listeners(core.index) else {
+            let Some(sockets) = entry.take_sockets(core.index) else {
                 continue;
             };
             let scope = Rc::new(PodScope::new(entry.clone()));
-            let accepting = listeners
+            let mut accepting: Vec<_> = sockets
+                .listeners
                 .into_iter()
                 .map(|l| executor::spawn_local(accept_loop(core.clone(), l, Some(scope.clone()))))
                 .collect();
+            // The pod's DNS proxy: served and closed with its listeners.
+            if let (Some(dns), Some(settings)) = (sockets.dns, &core.cfg.dns) {
+                let server =
+                    DnsServer::for_pod(core.clone(), settings.clone(), scope.clone(), dns.upstream);
+                accepting.extend(server.serve(dns.listeners));
+            }
             entry.serving.fetch_add(1, Ordering::AcqRel);
             running.insert(
                 uid.clone(),

@@ -41,7 +41,7 @@ use crate::app::cores::{start_cores, CoreSeed};
 use crate::app::plan::{format_cpus, plan_cores, CorePlan, CpuFacts};
 use crate::app::signals::set_termination_signals_blocked;
 use crate::core::ControlHandles;
-use crate::inpod::manager::{InpodManager, InpodSettings, InpodStatus};
+use crate::inpod::manager::{InpodManager, InpodSettings, InpodStatus, PodDnsSettings};
 use crate::inpod::PodPorts;
 use crate::io::listener::{bind_all, bind_dns, SelfAddrs, TrafficPath};
 use crate::io::socket;
@@ -58,13 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     set_termination_signals_blocked(true);
     let mut cfg = args.proxy_config();
-    let mut dns = args.dns_plan(&|k| std::env::var(k).ok())?;
-    if args.inpod && dns.is_some() {
-        // The hook for the next slice: in-pod, each pod's namespace gets
-        // its own DNS sockets, which the pod listeners do not carry yet.
-        tracing::warn!("in-pod mode does not serve the DNS proxy yet; DNS settings ignored");
-        dns = None;
-    }
+    let dns = args.dns_plan(&|k| std::env::var(k).ok())?;
     cfg.dns = dns.as_ref().map(|d| d.settings.clone());
 
     // Before the slower steps, so a bad --cores or pinning flag fails fast.
@@ -141,14 +135,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let keepalive = (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive);
     let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
+    // In-pod, the DNS sockets are each pod's, bound at its enrolment.
     let mut dns_per_core = match &dns {
-        Some(d) => bind_dns(&d.addrs, plan.cpus.len())?,
-        None => (0..plan.cpus.len()).map(|_| Vec::new()).collect(),
+        Some(d) if !args.inpod => bind_dns(&d.addrs, plan.cpus.len())?,
+        _ => (0..plan.cpus.len()).map(|_| Vec::new()).collect(),
     };
     let dns_bound: Vec<std::net::SocketAddr> = dns_per_core[0].iter().map(|l| l.addr).collect();
     if let Some(d) = &dns {
+        let addrs = if args.inpod {
+            format!("{} in every enrolled pod", d.addrs[0])
+        } else {
+            format!("{dns_bound:?}")
+        };
         tracing::info!(
-            addrs = ?dns_bound,
+            %addrs,
             upstreams = ?d.settings.upstreams,
             timeout = ?d.settings.timeout,
             "DNS proxy on"
@@ -216,6 +216,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // Well inside istio-cni's 5 s deadline for an answer: a late ack
             // would be read as the answer to its next request.
             settle: Duration::from_secs(2),
+            dns: dns.as_ref().map(|d| PodDnsSettings {
+                addr: d.addrs[0],
+                localhost: d.localhost,
+                upstreams: d.settings.upstreams.clone(),
+                mark: args.mark,
+            }),
         })
     });
     let mut admin = admin;
@@ -390,9 +396,14 @@ fn static_config(
     dns: Option<&DnsPlan>,
     dns_bound: &[std::net::SocketAddr],
 ) -> serde_json::Value {
+    // In-pod, the address each pod's DNS sockets have.
+    let dns_addrs: Vec<String> = match dns {
+        Some(d) if args.inpod => d.addrs.iter().map(|a| a.to_string()).collect(),
+        _ => dns_bound.iter().map(|a| a.to_string()).collect(),
+    };
     serde_json::json!({
         "dnsProxy": dns.is_some(),
-        "dnsProxyAddr": dns_bound.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "dnsProxyAddr": dns_addrs,
         "dnsUpstreams": dns.map(|d| d.settings.upstreams.iter().map(|a| a.to_string()).collect::<Vec<_>>()),
         "dnsForwardTimeout": dns.map(|d| format!("{:?}", d.settings.timeout)),
         "clusterDomain": args.cluster_domain,

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use ringway_controlplane::sources::zds::{PodHandler, PodInfo};
 use tokio::sync::watch;
 
-use super::{load, pod_workload_uid, PodEntry, PodPorts, PodSet};
-use crate::io::listener::{bind_all, BoundListener};
+use super::{load, pod_workload_uid, PodDns, PodEntry, PodPorts, PodSet, PodSockets};
+use crate::io::listener::{bind_all, bind_dns, BoundListener};
 use ringway_controlplane::model::WorkloadName;
 
 /// What readiness and the admin view read of the manager (any thread).
@@ -110,6 +110,70 @@ pub struct InpodSettings {
     pub cluster_id: String,
     /// How long an ack waits for every core to pick a change up.
     pub settle: Duration,
+    /// The DNS proxy in every pod (None: off).
+    pub dns: Option<PodDnsSettings>,
+}
+
+/// Where the DNS proxy listens in each pod and how its upstream sockets
+/// are made there.
+#[derive(Clone, Debug)]
+pub struct PodDnsSettings {
+    /// The DNS address in the pod (ztunnel's `127.0.0.1:15053`).
+    pub addr: std::net::SocketAddr,
+    /// The address was given as `localhost`: the IPv6 loopback with the
+    /// same port is bound too in pods that have it, as ztunnel binds both.
+    pub localhost: bool,
+    /// The upstream resolvers: one upstream socket per family they use.
+    pub upstreams: Vec<std::net::SocketAddr>,
+    /// SO_MARK of the upstream sockets, so the pod's DNS capture lets
+    /// ringway's own queries out.
+    pub mark: u32,
+}
+
+impl PodDnsSettings {
+    /// The DNS addresses for a pod with (or without) IPv6 loopback.
+    fn addrs(&self, has_v6_loopback: bool) -> Vec<std::net::SocketAddr> {
+        let mut addrs = vec![self.addr];
+        if self.localhost && has_v6_loopback {
+            addrs.push(std::net::SocketAddr::new(
+                std::net::Ipv6Addr::LOCALHOST.into(),
+                self.addr.port(),
+            ));
+        }
+        addrs
+    }
+
+    /// Binds every core's DNS sockets and makes its upstream sockets (run
+    /// inside the pod's namespace).
+    fn bind(&self, cores: usize, has_v6_loopback: bool) -> anyhow::Result<Vec<PodDns>> {
+        use anyhow::Context;
+        let listeners = bind_dns(&self.addrs(has_v6_loopback), cores)?;
+        let mut families: Vec<bool> = self.upstreams.iter().map(|a| a.is_ipv6()).collect();
+        families.sort_unstable();
+        families.dedup();
+        listeners
+            .into_iter()
+            .map(|listeners| {
+                let upstream = families
+                    .iter()
+                    .map(|&v6| {
+                        let any = if v6 {
+                            std::net::SocketAddr::from(([0u16; 8], 0))
+                        } else {
+                            std::net::SocketAddr::from(([0u8; 4], 0))
+                        };
+                        crate::io::socket::udp_socket(any, self.mark)
+                            .map(|fd| (v6, fd))
+                            .context("cannot make the DNS proxy's upstream socket")
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                Ok(PodDns {
+                    listeners,
+                    upstream,
+                })
+            })
+            .collect()
+    }
 }
 
 struct Pending {
@@ -218,28 +282,25 @@ impl InpodManager {
         let (v4, v6) = (specs([0, 0, 0, 0].into()), specs([0u16; 8].into()));
         let bound = crate::io::netns::within(netns.as_fd(), || {
             let listeners = bind_all(&v4, s.cores, s.keepalive);
+            let addrs = crate::io::socket::local_interface_addrs();
             // IPv6 too when the pod has it (istio-cni redirects both
             // families); a pod without IPv6 cannot bind [::] and is served
             // on IPv4 alone.
             // Link-local addresses (fe80::/10), which every interface gets,
             // do not count: IPv4-only clusters would bind twice the sockets.
-            let has_v6 = crate::io::socket::local_interface_addrs()
-                .iter()
-                .any(|ip| match ip {
-                    std::net::IpAddr::V6(v6) => {
-                        !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80
-                    }
-                    _ => false,
-                });
+            let has_v6 = addrs.iter().any(|ip| match ip {
+                std::net::IpAddr::V6(v6) => {
+                    !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80
+                }
+                _ => false,
+            });
             let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
-            (
-                listeners,
-                listeners6,
-                crate::io::socket::local_interface_addrs(),
-            )
+            let has_v6_loopback = addrs.contains(&std::net::Ipv6Addr::LOCALHOST.into());
+            let dns = s.dns.as_ref().map(|d| d.bind(s.cores, has_v6_loopback));
+            (listeners, listeners6, dns, addrs)
         })
         .map_err(|e| e.to_string())?;
-        let (listeners, listeners6, addrs) = bound;
+        let (listeners, listeners6, dns, addrs) = bound;
         let mut per_core: Vec<Vec<BoundListener>> =
             listeners.map_err(|e| format!("pod {uid}: {e:#}"))?;
         if let Some(listeners6) = listeners6 {
@@ -248,6 +309,20 @@ impl InpodManager {
                 core.extend(l);
             }
         }
+        let mut dns: Vec<Option<PodDns>> = match dns {
+            Some(d) => d
+                .map_err(|e| format!("pod {uid}: {e:#}"))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => Vec::new(),
+        };
+        dns.resize_with(per_core.len(), || None);
+        let per_core: Vec<PodSockets> = per_core
+            .into_iter()
+            .zip(dns)
+            .map(|(listeners, dns)| PodSockets { listeners, dns })
+            .collect();
         let netns = netns
             .try_clone()
             .map_err(|e| format!("pod {uid}: cannot keep its namespace: {e}"))?;
@@ -506,6 +581,7 @@ mod tests {
             keepalive: None,
             cluster_id: "Kubernetes".into(),
             settle: Duration::from_millis(10),
+            dns: None,
         });
         status.synced.store(true, Ordering::Release);
         let not_a_netns: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();

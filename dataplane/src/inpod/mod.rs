@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use ringway_controlplane::model::WorkloadName;
 
 use crate::io::count::OpenCount;
-use crate::io::listener::{BoundListener, TrafficPath};
+use crate::io::listener::{BoundListener, DnsListener, TrafficPath};
 
 /// The listener ports opened in every enrolled pod (ztunnel's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,26 @@ impl PodPorts {
     }
 }
 
+/// What one core takes of a pod: its sockets there, all made in the pod's
+/// namespace by the manager (so any failure to make one is the pod's
+/// NACK, not a core's problem).
+#[derive(Default)]
+pub struct PodSockets {
+    /// 15001/15006/15008.
+    pub listeners: Vec<BoundListener>,
+    /// The DNS proxy, when on.
+    pub dns: Option<PodDns>,
+}
+
+/// One core's DNS proxy sockets in a pod: UDP and TCP on the pod's DNS
+/// address(es), and the upstream sockets forwarded queries leave from,
+/// inside the pod and marked, as ztunnel forwards a pod's queries.
+pub struct PodDns {
+    pub listeners: Vec<DnsListener>,
+    /// Unbound UDP sockets by family (true: IPv6), marked.
+    pub upstream: Vec<(bool, OwnedFd)>,
+}
+
 /// One enrolled pod, as every core sees it. Immutable once published, but
 /// for the per-core listener hand-over and the counters the manager waits
 /// on.
@@ -78,7 +98,7 @@ pub struct PodEntry {
     pub addrs: Vec<IpAddr>,
     /// Each core's listeners, taken once by that core (a channel of one,
     /// so the hand-over needs no lock).
-    listeners: Vec<crossbeam_channel::Receiver<Vec<BoundListener>>>,
+    listeners: Vec<crossbeam_channel::Receiver<PodSockets>>,
     /// Cores accepting on this pod's listeners.
     pub serving: AtomicUsize,
     /// Cores that have closed them again (after the pod was removed).
@@ -93,7 +113,7 @@ impl PodEntry {
         workload_uid: String,
         netns: OwnedFd,
         addrs: Vec<IpAddr>,
-        per_core: Vec<Vec<BoundListener>>,
+        per_core: Vec<PodSockets>,
     ) -> Self {
         let listeners = per_core
             .into_iter()
@@ -116,8 +136,8 @@ impl PodEntry {
         }
     }
 
-    /// Core `index`'s listeners; None if already taken (or no such core).
-    pub fn take_listeners(&self, index: usize) -> Option<Vec<BoundListener>> {
+    /// Core `index`'s sockets; None if already taken (or no such core).
+    pub fn take_sockets(&self, index: usize) -> Option<PodSockets> {
         self.listeners.get(index)?.try_recv().ok()
     }
 }

@@ -22,10 +22,14 @@
 //! says what to answer (FORMERR, NOTIMP, SERVFAIL) or to stay silent, and
 //! each datagram or connection is handled on its own.
 //!
-//! In-pod mode (later): a pod's listeners would be served by the same
-//! [`DnsServer::serve`], with the asking workload taken from the pod
-//! rather than the source address, and upstream sockets made in the pod's
-//! namespace.
+//! In-pod mode: each enrolled pod gets its own server on each core
+//! ([`DnsServer::for_pod`]), serving the sockets the manager bound in the
+//! pod's namespace. The asking workload is the pod's own (the one the node
+//! agent named), not a lookup by source address: every client there is
+//! the pod. Forwarded queries leave from upstream sockets made in the
+//! pod's namespace and marked, as ztunnel forwards a pod's queries, so
+//! they reach the resolvers the pod would and the pod's DNS capture lets
+//! them pass.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -44,6 +48,7 @@ use crate::dns::answer::{decide, Decision};
 use crate::dns::forward::{self, Pending, PendingTable, Question, Reply};
 use crate::dns::message::{self, Frame, Request, Transport};
 use crate::dns::DnsProxySettings;
+use crate::inpod::PodScope;
 use crate::io::executor::{self, timer};
 use crate::io::listener::DnsListener;
 use crate::io::socket::{self, ConnectOpts};
@@ -88,6 +93,9 @@ pub struct DnsServer {
     pending: RefCell<PendingTable<oneshot::Sender<Upstream>>>,
     rng: RefCell<fastrand::Rng>,
     tcp_open: Cell<usize>,
+    /// In-pod: the pod served (its workload asks; its namespace and its
+    /// removal bound the server).
+    pod: Option<Rc<PodScope>>,
 }
 
 impl DnsServer {
@@ -102,14 +110,39 @@ impl DnsServer {
                 slot.insert(Rc::new(UdpSocket::from(fd)));
             }
         }
-        Ok(Rc::new(DnsServer {
+        Ok(Self::build(core, settings, upstream, None))
+    }
+
+    /// One pod's DNS proxy on this core, forwarding from `upstream` (the
+    /// sockets made in the pod's namespace, by family).
+    pub fn for_pod(
+        core: Rc<CoreInputs>,
+        settings: DnsProxySettings,
+        pod: Rc<PodScope>,
+        upstream: Vec<(bool, OwnedFd)>,
+    ) -> Rc<Self> {
+        let upstream = upstream
+            .into_iter()
+            .map(|(v6, fd)| (v6, Rc::new(UdpSocket::from(fd))))
+            .collect();
+        Self::build(core, settings, upstream, Some(pod))
+    }
+
+    fn build(
+        core: Rc<CoreInputs>,
+        settings: DnsProxySettings,
+        upstream: HashMap<bool, Rc<UdpSocket>>,
+        pod: Option<Rc<PodScope>>,
+    ) -> Rc<Self> {
+        Rc::new(DnsServer {
             pending: RefCell::new(PendingTable::new(settings.max_pending)),
             rng: RefCell::new(fastrand::Rng::new()),
             tcp_open: Cell::new(0),
             core,
             settings,
             upstream,
-        }))
+            pod,
+        })
     }
 
     /// Serves `listeners` (this core's sockets on each DNS address) and
@@ -189,12 +222,20 @@ impl DnsServer {
                     self.tcp_open.set(self.tcp_open.get() + 1);
                     let this = self.clone();
                     let mut shutdown = self.core.shutdown.clone();
+                    // A removed pod's clients end with its drain.
+                    let pod_closed = self.pod.as_ref().map(|p| p.closed());
                     executor::spawn_detached(async move {
                         let open = TcpSlot(this.clone());
-                        futures_lite::future::or(this.serve_tcp(conn, peer), async move {
-                            let _ = shutdown.wait_for(|closing| *closing).await;
-                        })
-                        .await;
+                        let ended = async move {
+                            let shutdown = async move {
+                                let _ = shutdown.wait_for(|closing| *closing).await;
+                            };
+                            match pod_closed {
+                                Some(closed) => futures_lite::future::or(shutdown, closed).await,
+                                None => shutdown.await,
+                            }
+                        };
+                        futures_lite::future::or(this.serve_tcp(conn, peer), ended).await;
                         drop(open);
                     });
                     executor::yield_if_needed().await;
@@ -305,9 +346,12 @@ impl DnsServer {
             }
         };
         let snapshot = self.core.snapshot();
-        let source = snapshot
-            .workload_by_addr(&self.core.cfg.network, client.ip().to_canonical())
-            .cloned();
+        let source = match &self.pod {
+            Some(pod) => pod.workload(&snapshot).cloned(),
+            None => snapshot
+                .workload_by_addr(&self.core.cfg.network, client.ip().to_canonical())
+                .cloned(),
+        };
         let series = self.series(&request, source.as_deref(), transport);
         if let Some(s) = &series {
             s.requests.add(1);
@@ -486,7 +530,8 @@ impl DnsServer {
             timeout: self.settings.timeout,
             keepalive: None,
         };
-        let conn = socket::connect(&self.core.poller, upstream, opts)
+        let netns = self.pod.as_ref().map(|p| p.netns());
+        let conn = socket::connect_from(&self.core.poller, upstream, opts, None, netns)
             .await
             .ok()?;
         let reg = Registration::new(&self.core.poller, conn.as_raw_fd());

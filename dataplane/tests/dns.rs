@@ -125,12 +125,7 @@ fn dig(ns: &NetNs, server: SocketAddr, src: &str, name: &str, kind: &str, extra:
         .output()
         .expect("run dig");
     let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    let status = raw
-        .split("status: ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or("NO REPLY")
-        .to_string();
+    let status = common::dig_status(&raw);
     let flags = raw
         .lines()
         .find(|l| l.starts_with(";; flags:"))
@@ -253,35 +248,11 @@ fn start_upstream(ns: &NetNs) -> Upstream {
     });
     let tcp_queries = Arc::new(AtomicUsize::new(0));
     let counted = tcp_queries.clone();
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for conn in tcp.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let counted = counted.clone();
-            std::thread::spawn(move || loop {
-                let mut len = [0u8; 2];
-                if conn.read_exact(&mut len).is_err() {
-                    return;
-                }
-                let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                if conn.read_exact(&mut msg).is_err() {
-                    return;
-                }
-                counted.fetch_add(1, Ordering::SeqCst);
-                let Ok(query) = Message::from_vec(&msg) else {
-                    return;
-                };
-                let Some((answers, truncated)) = records(&query, true) else {
-                    return;
-                };
-                let reply = reply_to(&query, answers, truncated);
-                let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
-                framed.extend_from_slice(&reply);
-                if conn.write_all(&framed).is_err() {
-                    return;
-                }
-            });
-        }
+    common::serve_dns_tcp(tcp, move |msg| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let query = Message::from_vec(msg).ok()?;
+        let (answers, truncated) = records(&query, true)?;
+        Some(reply_to(&query, answers, truncated))
     });
     Upstream { addr, tcp_queries }
 }

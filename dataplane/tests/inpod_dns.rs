@@ -72,29 +72,7 @@ fn start_upstream(ns: &NetNs, addr: SocketAddr) -> Asked {
             }
         }
     });
-    std::thread::spawn(move || {
-        use std::io::{Read, Write};
-        for conn in tcp.incoming() {
-            let Ok(mut conn) = conn else { return };
-            let answer = answer.clone();
-            std::thread::spawn(move || loop {
-                let mut len = [0u8; 2];
-                if conn.read_exact(&mut len).is_err() {
-                    return;
-                }
-                let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                if conn.read_exact(&mut msg).is_err() {
-                    return;
-                }
-                let Some(reply) = answer(&msg) else { return };
-                let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
-                framed.extend_from_slice(&reply);
-                if conn.write_all(&framed).is_err() {
-                    return;
-                }
-            });
-        }
-    });
+    common::serve_dns_tcp(tcp, answer);
     asked
 }
 
@@ -118,12 +96,7 @@ fn dig(pod: &Pod, server: &str, name: &str, extra: &[&str]) -> (String, Vec<Stri
         .output()
         .expect("run dig (dnsutils)");
     let raw = String::from_utf8_lossy(&out.stdout).into_owned();
-    let status = raw
-        .split("status: ")
-        .nth(1)
-        .and_then(|r| r.split(',').next())
-        .unwrap_or("NO REPLY")
-        .to_string();
+    let status = common::dig_status(&raw);
     let mut addrs: Vec<String> = raw
         .lines()
         .filter(|l| !l.starts_with(';'))
@@ -154,6 +127,35 @@ fn listening(ns: &NetNs, port: u16) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+/// ringway in in-pod mode, DNS on by default, forwarding to `upstream`.
+fn start(
+    dir: &std::path::Path,
+    agent: &Agent,
+    cfg: &std::path::Path,
+    upstream: &str,
+) -> common::Ringway {
+    common::Ringway::start(
+        None,
+        &[
+            "--inpod",
+            "--inpod-uds",
+            agent.path.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--ca-dir",
+            dir.join("ca").to_str().unwrap(),
+            "--node-name",
+            "node1",
+            "--drain-timeout",
+            "1s",
+            "--dns-upstream",
+            upstream,
+            "--dns-forward-timeout",
+            "2s",
+        ],
+    )
 }
 
 /// A pod in namespace `shop` resolves through ringway in its own network
@@ -190,26 +192,7 @@ fn a_pods_dns_is_answered_in_its_namespace_and_goes_with_it() {
     let cfg = common::write_config(dir.path(), "mesh.yaml", &mesh);
     let agent = Agent::listen(&dir.path().join("zds.sock"));
     let up = upstream.to_string();
-    let rw = common::Ringway::start(
-        None,
-        &[
-            "--inpod",
-            "--inpod-uds",
-            agent.path.to_str().unwrap(),
-            "--config",
-            cfg.to_str().unwrap(),
-            "--ca-dir",
-            dir.path().join("ca").to_str().unwrap(),
-            "--node-name",
-            "node1",
-            "--drain-timeout",
-            "1s",
-            "--dns-upstream",
-            &up,
-            "--dns-forward-timeout",
-            "2s",
-        ],
-    );
+    let rw = start(dir.path(), &agent, &cfg, &up);
     let conn = agent.accept(Duration::from_secs(10));
     assert_eq!(conn.snapshot_sent(), "");
     assert_eq!(
@@ -279,4 +262,45 @@ fn a_pods_dns_is_answered_in_its_namespace_and_goes_with_it() {
     let (status, _, raw) = dig(&a, resolver, "web.shop.svc.cluster.local", &[]);
     assert_eq!(status, "NO REPLY", "{raw}");
     drop((conn, rw));
+}
+
+/// A pod whose DNS port is taken inside it fails to start like one whose
+/// other listeners cannot bind: NACKed naming the DNS socket, readiness
+/// 503 while it is retried, then served once the port is free.
+#[test]
+fn a_pod_whose_dns_port_is_taken_is_nacked_and_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _b) = pod_pair("idf", 12);
+    let cfg = common::write_config(
+        dir.path(),
+        "mesh.yaml",
+        &mesh(&[("one", "ns", &a.ip, "node1")]),
+    );
+    let agent = Agent::listen(&dir.path().join("zds.sock"));
+    let rw = start(dir.path(), &agent, &cfg, "192.0.2.53:53");
+    let conn = agent.accept(Duration::from_secs(10));
+    assert_eq!(conn.snapshot_sent(), "");
+    wait_ready(&rw, true);
+
+    // Bound without SO_REUSEPORT: ringway's sockets cannot join it.
+    let squatter =
+        a.ns.enter(|| UdpSocket::bind("127.0.0.1:15053").expect("take 15053 in the pod"));
+    let nack = conn.add("uid-one", &a.ns.name, "ns", "one", "sa-one");
+    assert!(
+        nack.contains("DNS") && nack.contains("127.0.0.1:15053"),
+        "NACK names the DNS socket: {nack:?}"
+    );
+    wait_ready(&rw, false);
+    assert_eq!(
+        listening(&a.ns, 15001),
+        Vec::<String>::new(),
+        "all or nothing"
+    );
+    drop(squatter);
+    wait_ready(&rw, true);
+    assert!(
+        listening(&a.ns, 15053).contains(&"udp 127.0.0.1:15053".to_string()),
+        "served after the retry"
+    );
+    assert_eq!(conn.del("uid-one"), "");
 }

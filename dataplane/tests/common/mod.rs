@@ -581,3 +581,44 @@ pub fn serve_echo(l: std::net::TcpListener) {
         }
     });
 }
+
+/// A test's DNS server over TCP on `listener`: each connection on its own
+/// thread, 2-byte framed messages, `answer`'s reply to each (None closes
+/// the connection).
+pub fn serve_dns_tcp(
+    listener: std::net::TcpListener,
+    answer: impl Fn(&[u8]) -> Option<Vec<u8>> + Clone + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let answer = answer.clone();
+            std::thread::spawn(move || loop {
+                let mut len = [0u8; 2];
+                if conn.read_exact(&mut len).is_err() {
+                    return;
+                }
+                let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                if conn.read_exact(&mut msg).is_err() {
+                    return;
+                }
+                let Some(reply) = answer(&msg) else { return };
+                let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
+                framed.extend_from_slice(&reply);
+                if conn.write_all(&framed).is_err() {
+                    return;
+                }
+            });
+        }
+    });
+}
+
+/// The rcode `dig` printed (`NOERROR`, `SERVFAIL`...), or `NO REPLY`.
+pub fn dig_status(raw: &str) -> String {
+    raw.split("status: ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap_or("NO REPLY")
+        .to_string()
+}

@@ -1,8 +1,9 @@
 //! In-pod mode (ztunnel's shared in-pod mode): the node agent (istio-cni)
 //! enrolls each ambient pod over ZDS and hands over its network namespace;
-//! ringway then listens on 15001/15006/15008 *inside* that namespace, on
-//! every core, and makes the pod's outbound and application sockets there
-//! too, marked so the pod's redirection rules let them pass.
+//! ringway then listens on 15001/15006/15008 (and DNS on 15053) *inside*
+//! that namespace, on every core, and makes the pod's outbound,
+//! application and DNS upstream sockets there too, marked so the pod's
+//! redirection rules let them pass.
 //!
 //! - [`manager`]: the ZDS side (its own thread): binds a pod's listeners
 //!   in its namespace, publishes the set of pods, retries pods that failed,

@@ -600,3 +600,49 @@ fn main() -> anyhow::Result<()> {
     eprintln!("results: {}/results.md, results.json", args.out.display());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstream_answers_one_a_record_with_ttl_0() {
+        // ID 0x1234, RD, one question: a.b IN A.
+        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        q.extend_from_slice(&[1, b'a', 1, b'b', 0, 0, 1, 0, 1]);
+        let r = answer(&q).unwrap();
+        assert_eq!(&r[..4], &[0x12, 0x34, 0x81, 0x80], "QR, RD, RA");
+        assert_eq!(
+            &r[4..12],
+            &[0, 1, 0, 1, 0, 0, 0, 0],
+            "one question, one answer"
+        );
+        assert_eq!(&r[12..21], &q[12..21], "the question");
+        let rr = &r[21..];
+        assert_eq!(&rr[..10], &[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 0], "A IN TTL 0");
+        assert_eq!(&rr[10..], &[0, 4, 192, 0, 2, 1]);
+        // A response, a short packet and a compressed question: nothing.
+        let mut resp = q.clone();
+        resp[2] |= 0x80;
+        assert!(answer(&resp).is_none());
+        assert!(answer(&q[..11]).is_none());
+        let mut ptr = q[..12].to_vec();
+        ptr.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
+        assert!(answer(&ptr).is_none());
+    }
+
+    #[test]
+    fn quantiles_of_sorted_latencies() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), Some(51.0));
+        assert_eq!(quantile(&v, 0.99), Some(99.0));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn dnsperf_summary_fields() {
+        let out = "  Queries completed:    137983 (99.95%)\n  Queries per second:   68446.528738\n";
+        assert_eq!(field(out, "Queries per second:"), Some("68446.528738"));
+        assert_eq!(field(out, "Queries completed:"), Some("137983 (99.95%)"));
+    }
+}

@@ -227,6 +227,8 @@ fn questions() -> Vec<Question> {
         q(SHOP, "nothere.example.org.", A, Udp),
         q(SHOP, "nothere.shop.svc.cluster.local.", A, Udp),
         q(SHOP, "nothere.", A, Udp),
+        q(SHOP, "EXT.Example.ORG.", A, Udp),
+        q(SHOP, "Alias.Example.Org.", A, Udp),
         // Over TCP, and over UDP without EDNS.
         q(SHOP, "web.shop.svc.cluster.local.", A, Tcp),
         q(SHOP, "db.", A, Tcp),
@@ -244,6 +246,8 @@ fn questions() -> Vec<Question> {
 /// proxy promises an order among equal records).
 #[derive(Clone, Debug, PartialEq)]
 struct Answer {
+    /// The question section as echoed, case and all.
+    question: Vec<String>,
     rcode: ResponseCode,
     flags: String,
     answers: Vec<String>,
@@ -273,6 +277,7 @@ impl Answer {
         .collect::<Vec<_>>()
         .join(" ");
         Answer {
+            question: m.queries.iter().map(|q| q.to_string()).collect(),
             rcode: md.response_code,
             flags,
             answers: sorted(&m.answers),
@@ -285,7 +290,13 @@ impl Answer {
 
 impl fmt::Display for Answer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} [{}]", self.rcode, self.flags)?;
+        write!(
+            f,
+            "{} [{}] q {}",
+            self.rcode,
+            self.flags,
+            self.question.join(", ")
+        )?;
         if let Some(size) = self.edns {
             write!(f, " edns {size}")?;
         }

@@ -6,9 +6,9 @@
 //! ztunnel's rules, which these follow:
 //! - Only A and AAAA are answered from the mesh; every other type is
 //!   forwarded upstream, mesh name or not.
-//! - The name is tried as its [candidates](super::names) (search suffixes
-//!   stripped, Kubernetes short forms expanded, wildcards); the first
-//!   candidate with a service answers. A name no service has is
+//! - The name is tried as its [candidates](super::names) (Kubernetes
+//!   short forms expanded, wildcards; search suffixes are not stripped);
+//!   the first candidate with a service answers. A name no service has is
 //!   forwarded: ztunnel never says NXDOMAIN itself.
 //! - A service without VIPs answers only if it is a Kubernetes (headless)
 //!   Service, `*.svc.<cluster domain>`, with its healthy endpoints'
@@ -18,8 +18,6 @@
 //!   the family asked.
 //! - Found but nothing of that family (or the service's `ip_families`
 //!   excludes it, or IPv6 is off): NOERROR with no records, authoritative.
-//! - Found through a stripped search suffix (and not by wildcard): a CNAME
-//!   from the question to the stripped name, and the addresses under it.
 //! - Every record has a TTL of 30 s.
 //! - An asking pod ztunnel does not know gets SERVFAIL, whatever it asks.
 //!
@@ -103,10 +101,6 @@ pub enum Decision {
 /// A mesh answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
-    /// Set when the question carried one of the pod's search suffixes:
-    /// the name left once it was stripped. The answer is then a CNAME from
-    /// the question to this name, and the addresses are owned by it.
-    pub canonical: Option<String>,
     /// In snapshot order; ztunnel shuffles them per answer (DNS load
     /// balancing), which is the writer's to do ([`Answer::shuffle`]).
     pub addresses: Vec<IpAddr>,
@@ -138,29 +132,20 @@ pub fn decide(
         return Decision::Forward;
     };
     let name = normalize(name);
-    let Some(found) = find_service(snapshot, settings, client, &name) else {
+    let Some(service) = find_service(snapshot, settings, client, &name) else {
         return Decision::Forward;
     };
-    if !family_allowed(found.service, family, settings.ipv6_enabled) {
+    if !family_allowed(service, family, settings.ipv6_enabled) {
         return Decision::NoData;
     }
-    let addresses = addresses(snapshot, client, found.service, family);
+    let addresses = addresses(snapshot, client, service, family);
     if addresses.is_empty() {
         return Decision::NoData;
     }
     Decision::Answer(Answer {
-        canonical: found.stripped.filter(|_| !found.by_wildcard),
         addresses,
         ttl: MESH_TTL,
     })
-}
-
-/// The service a question was matched to, and how.
-struct Found<'s> {
-    service: &'s Arc<Service>,
-    /// Matched under a `*.` host rather than its own name.
-    by_wildcard: bool,
-    stripped: Option<String>,
 }
 
 fn find_service<'s>(
@@ -168,9 +153,9 @@ fn find_service<'s>(
     settings: &DnsSettings,
     client: &Workload,
     name: &str,
-) -> Option<Found<'s>> {
+) -> Option<&'s Arc<Service>> {
     for alias in settings.cluster.aliases(name, &client.namespace) {
-        for host in wildcards(&alias.name) {
+        for host in wildcards(&alias) {
             let candidates = snapshot
                 .services_by_hostname(&host)
                 .iter()
@@ -180,11 +165,7 @@ fn find_service<'s>(
                 &client.namespace,
                 settings.preferred_namespace.as_deref(),
             ) {
-                return Some(Found {
-                    service,
-                    by_wildcard: host.starts_with("*."),
-                    stripped: alias.stripped,
-                });
+                return Some(service);
             }
         }
     }
@@ -391,15 +372,6 @@ mod tests {
 
     fn answer(addrs: &[&str]) -> Decision {
         Decision::Answer(Answer {
-            canonical: None,
-            addresses: addrs.iter().map(|a| ip(a)).collect(),
-            ttl: MESH_TTL,
-        })
-    }
-
-    fn cname(to: &str, addrs: &[&str]) -> Decision {
-        Decision::Answer(Answer {
-            canonical: Some(to.to_owned()),
             addresses: addrs.iter().map(|a| ip(a)).collect(),
             ttl: MESH_TTL,
         })
@@ -464,25 +436,32 @@ mod tests {
                 answer(&["9.9.9.9"]),
             ),
             (
-                "a search suffix on a full name: CNAME to the stripped name",
+                "a search suffix on a full name is not stripped: forwarded",
                 "client1",
                 "productpage.ns1.svc.cluster.local.ns1.svc.cluster.local",
                 A,
-                cname("productpage.ns1.svc.cluster.local", &["9.9.9.9"]),
+                Forward,
             ),
             (
-                "a search suffix on name.namespace: CNAME to name.namespace",
+                "a search suffix on name.namespace: forwarded",
                 "client1",
                 "productpage.ns1.ns1.svc.cluster.local",
                 A,
-                cname("productpage.ns1", &["9.9.9.9"]),
+                Forward,
             ),
             (
-                "search suffix and no address of the family: empty, no CNAME",
+                "svc.cluster.local on a short name: forwarded",
                 "client1",
-                "productpage.ns1.ns1.svc.cluster.local",
-                AAAA,
-                NoData,
+                "productpage.svc.cluster.local",
+                A,
+                Forward,
+            ),
+            (
+                "cluster.local on a short name: forwarded",
+                "client1",
+                "productpage.cluster.local",
+                A,
+                Forward,
             ),
             (
                 "short name of another namespace's service is not ours",
@@ -569,11 +548,11 @@ mod tests {
                 answer(&["10.1.2.3"]),
             ),
             (
-                "wildcard host under a search suffix: no CNAME",
+                "wildcard host under a search suffix: forwarded",
                 "client1",
                 "www.example.com.ns1.svc.cluster.local",
                 A,
-                answer(&["10.1.2.3"]),
+                Forward,
             ),
             (
                 "the wildcard's own domain is not under it",

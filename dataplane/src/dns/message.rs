@@ -28,12 +28,11 @@
 use hickory_proto::op::{
     Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode,
 };
-use hickory_proto::rr::rdata::{A, AAAA, CNAME};
+use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 
 use super::answer::{Answer, Decision, Family};
-use super::names::label_count;
 
 /// The UDP size every client takes (RFC 1035), and the least an EDNS
 /// client is taken to take.
@@ -266,27 +265,11 @@ fn mesh_response(request: &Request, answer: Option<&Answer>, transport: Transpor
         .unwrap_or_else(|| servfail_header(&request.metadata))
 }
 
-/// The answer's records: a CNAME from the question to the stripped name
-/// when there is one, then the addresses under whichever name is last.
+/// The answer's records: the addresses, under the question's name.
 fn records(question: &Name, answer: &Answer) -> Vec<Record> {
     let mut owner = question.to_lowercase();
     owner.set_fqdn(true);
-    let mut out = Vec::with_capacity(answer.addresses.len() + 1);
-    if let Some(canonical) = &answer.canonical {
-        // The stripped name is the question's first labels (a search
-        // suffix came off its end), so it is taken from the question
-        // rather than parsed again.
-        let keep = label_count(canonical);
-        if let Ok(mut target) = Name::from_labels(owner.iter().take(keep)) {
-            target.set_fqdn(true);
-            out.push(Record::from_rdata(
-                owner,
-                answer.ttl,
-                RData::CNAME(CNAME(target.clone())),
-            ));
-            owner = target;
-        }
-    }
+    let mut out = Vec::with_capacity(answer.addresses.len());
     for ip in &answer.addresses {
         let rdata = match ip {
             std::net::IpAddr::V4(v4) => RData::A(A(*v4)),
@@ -443,9 +426,8 @@ mod tests {
             .collect()
     }
 
-    fn answer(canonical: Option<&str>, addresses: Vec<IpAddr>) -> Decision {
+    fn answer(addresses: Vec<IpAddr>) -> Decision {
         Decision::Answer(Answer {
-            canonical: canonical.map(str::to_owned),
             addresses,
             ttl: MESH_TTL,
         })
@@ -674,7 +656,7 @@ mod tests {
                 v
             };
             let response = match parse(&bytes) {
-                Ok(req) => respond(&req, &answer(None, addrs(3)), Transport::Udp),
+                Ok(req) => respond(&req, &answer(addrs(3)), Transport::Udp),
                 Err(rejected) => rejected.response(),
             };
             if let Some(out) = response {
@@ -686,7 +668,7 @@ mod tests {
     #[test]
     fn an_answer_is_authoritative_with_30s_records_under_the_lowercased_name() {
         let req = request("Web.Shop.", RecordType::A, None);
-        let (_, m) = reply(&req, &answer(None, addrs(2)), Transport::Udp);
+        let (_, m) = reply(&req, &answer(addrs(2)), Transport::Udp);
         let md = m.metadata;
         assert_eq!(
             (md.id, md.message_type, md.response_code),
@@ -715,7 +697,7 @@ mod tests {
     fn aaaa_records() {
         let req = request("web.", RecordType::AAAA, None);
         let ip: IpAddr = "2001:db8::1".parse().unwrap();
-        let (_, m) = reply(&req, &answer(None, vec![ip]), Transport::Udp);
+        let (_, m) = reply(&req, &answer(vec![ip]), Transport::Udp);
         assert_eq!(
             m.answers,
             [Record::from_rdata(
@@ -723,23 +705,6 @@ mod tests {
                 30,
                 RData::AAAA(AAAA("2001:db8::1".parse().unwrap()))
             )]
-        );
-    }
-
-    #[test]
-    fn a_stripped_search_suffix_answers_a_cname_then_the_addresses() {
-        let req = request("Web.Shop.shop.svc.cluster.local.", RecordType::A, None);
-        let (_, m) = reply(&req, &answer(Some("web.shop"), addrs(1)), Transport::Udp);
-        assert_eq!(
-            m.answers,
-            [
-                Record::from_rdata(
-                    name("web.shop.shop.svc.cluster.local."),
-                    30,
-                    RData::CNAME(CNAME(name("web.shop.")))
-                ),
-                Record::from_rdata(name("web.shop."), 30, RData::A(A([10, 0, 0, 0].into()))),
-            ]
         );
     }
 
@@ -756,7 +721,7 @@ mod tests {
     #[test]
     fn edns_size_below_512_is_answered_as_512() {
         let req = request("web.", RecordType::A, Some((200, false)));
-        let (_, m) = reply(&req, &answer(None, addrs(1)), Transport::Udp);
+        let (_, m) = reply(&req, &answer(addrs(1)), Transport::Udp);
         assert_eq!(m.edns.unwrap().max_payload(), 512);
     }
 
@@ -774,7 +739,7 @@ mod tests {
     #[test]
     fn udp_truncates_to_512_without_edns() {
         let req = request("web.", RecordType::A, None);
-        let (len, m) = reply(&req, &answer(None, addrs(100)), Transport::Udp);
+        let (len, m) = reply(&req, &answer(addrs(100)), Transport::Udp);
         assert!(m.metadata.truncation);
         assert!(len <= 512);
         // 12 header + 9 question, then 16 per compressed A record.
@@ -785,7 +750,7 @@ mod tests {
     fn udp_truncates_to_the_edns_size_and_keeps_the_opt_record() {
         for size in [512u16, 600, 1232] {
             let req = request("web.", RecordType::A, Some((size, false)));
-            let (len, m) = reply(&req, &answer(None, addrs(200)), Transport::Udp);
+            let (len, m) = reply(&req, &answer(addrs(200)), Transport::Udp);
             assert!(m.metadata.truncation, "{size}");
             assert!(len <= usize::from(size), "{size}: {len}");
             assert_eq!(
@@ -800,7 +765,7 @@ mod tests {
     #[test]
     fn what_fits_is_not_truncated() {
         let req = request("web.", RecordType::A, Some((1232, false)));
-        let (_, m) = reply(&req, &answer(None, addrs(30)), Transport::Udp);
+        let (_, m) = reply(&req, &answer(addrs(30)), Transport::Udp);
         assert!(!m.metadata.truncation);
         assert_eq!(m.answers.len(), 30);
     }
@@ -808,7 +773,7 @@ mod tests {
     #[test]
     fn tcp_is_not_truncated() {
         let req = request("web.", RecordType::A, None);
-        let (len, m) = reply(&req, &answer(None, addrs(1000)), Transport::Tcp);
+        let (len, m) = reply(&req, &answer(addrs(1000)), Transport::Tcp);
         assert!(!m.metadata.truncation);
         assert_eq!(m.answers.len(), 1000);
         assert!(len > 512);

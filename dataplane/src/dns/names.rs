@@ -1,12 +1,16 @@
 //! The names one DNS question may stand for, built as ztunnel builds them.
 //!
-//! A pod's resolver may send `web`, `web.shop`, `web.shop.svc`, the full
-//! `web.shop.svc.cluster.local`, or any of them with one of its search
-//! suffixes already appended (`web.shop.svc.cluster.local.shop.svc.cluster.local`
-//! when it walks its search list). ztunnel tries, in order: the name as
-//! asked, its Kubernetes expansions, then the name with each search suffix
-//! stripped and that name's expansions; each one exactly and then as
+//! A pod's resolver may send `web`, `web.shop`, `web.shop.svc` or the full
+//! `web.shop.svc.cluster.local`. ztunnel tries, in order: the name as
+//! asked, then its Kubernetes expansions; each one exactly and then as
 //! wildcards of decreasing specificity. The first service found answers.
+//!
+//! A name with one of the pod's search suffixes already appended (what a
+//! stub resolver walking its search list sends first, e.g.
+//! `web.shop.svc.cluster.local.shop.svc.cluster.local`) is not stripped:
+//! the reference ztunnel (62d826530e5c) forwards such names upstream,
+//! where cluster DNS says NXDOMAIN and the stub goes on down its list
+//! (seen in the differential test, tests/dns_ztunnel.rs).
 //!
 //! Names here are text: lowercase, dot-separated, without the trailing dot
 //! (the form service hostnames have in the snapshot). The root is "".
@@ -45,19 +49,6 @@ impl ClusterDomain {
         &self.svc_domain
     }
 
-    /// The search list of a pod in `namespace`, as ztunnel assumes it for
-    /// every pod in shared (node proxy) mode rather than reading the pod's
-    /// resolv.conf: `<ns>.svc.<domain>`, `svc.<domain>`, `<domain>`. An
-    /// empty namespace has no first entry.
-    pub fn search_domains<'a>(&'a self, namespace: &str) -> impl Iterator<Item = Cow<'a, str>> {
-        let own =
-            (!namespace.is_empty()).then(|| Cow::Owned(format!("{namespace}.{}", self.svc_domain)));
-        own.into_iter().chain([
-            Cow::Borrowed(self.svc_domain.as_str()),
-            Cow::Borrowed(self.domain.as_str()),
-        ])
-    }
-
     /// The fully qualified Kubernetes names `name` may be short for, asked
     /// from a pod in `namespace` (ztunnel's rules, by label count):
     /// - 1 label, `web`: `web.<ns>.svc.<domain>`;
@@ -91,37 +82,12 @@ impl ClusterDomain {
     }
 
     /// Every candidate for `name` asked from a pod in `namespace`, first
-    /// to try first, each once (the first occurrence of a name wins).
-    pub fn aliases(&self, name: &str, namespace: &str) -> Vec<Alias> {
-        let mut out: Vec<Alias> = Vec::new();
-        let mut add = |alias: Alias| {
-            if !out.iter().any(|a| a.name == alias.name) {
-                out.push(alias);
-            }
-        };
-        add(Alias {
-            name: name.to_owned(),
-            stripped: None,
-        });
+    /// to try first, each once: the name, then its Kubernetes expansions.
+    pub fn aliases(&self, name: &str, namespace: &str) -> Vec<String> {
+        let mut out = vec![name.to_owned()];
         for fqdn in self.kube_fqdns(name, namespace) {
-            add(Alias {
-                name: fqdn,
-                stripped: None,
-            });
-        }
-        for search in self.search_domains(namespace) {
-            let Some(stripped) = trim_domain(name, &search) else {
-                continue;
-            };
-            add(Alias {
-                name: stripped.to_owned(),
-                stripped: Some(stripped.to_owned()),
-            });
-            for fqdn in self.kube_fqdns(stripped, namespace) {
-                add(Alias {
-                    name: fqdn,
-                    stripped: Some(stripped.to_owned()),
-                });
+            if !out.contains(&fqdn) {
+                out.push(fqdn);
             }
         }
         out
@@ -132,17 +98,6 @@ impl Default for ClusterDomain {
     fn default() -> Self {
         ClusterDomain::new(DEFAULT_CLUSTER_DOMAIN)
     }
-}
-
-/// One candidate name for a question.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Alias {
-    /// The name to look up.
-    pub name: String,
-    /// When the candidate came from stripping one of the pod's search
-    /// suffixes off the question: the stripped name. ztunnel then answers
-    /// with a CNAME from the question to it, and the addresses under it.
-    pub stripped: Option<String>,
 }
 
 /// `name` as the lookups compare it: ASCII lowercase (DNS names are
@@ -196,13 +151,6 @@ pub fn wildcards(name: &str) -> impl Iterator<Item = Cow<'_, str>> {
 mod tests {
     use super::*;
 
-    fn names(aliases: &[Alias]) -> Vec<(&str, Option<&str>)> {
-        aliases
-            .iter()
-            .map(|a| (a.name.as_str(), a.stripped.as_deref()))
-            .collect()
-    }
-
     #[test]
     fn kube_fqdns_by_label_count() {
         let d = ClusterDomain::default();
@@ -230,31 +178,17 @@ mod tests {
     }
 
     #[test]
-    fn search_domains_put_the_pods_namespace_first() {
-        let d = ClusterDomain::new("Corp.Example.");
-        let got: Vec<_> = d.search_domains("shop").collect();
-        assert_eq!(
-            got,
-            ["shop.svc.corp.example", "svc.corp.example", "corp.example"]
-        );
-        assert_eq!(d.search_domains("").count(), 2);
-    }
-
-    #[test]
-    fn aliases_strip_search_suffixes_and_expand_what_is_left() {
+    fn aliases_leave_search_suffixes_on() {
         let d = ClusterDomain::default();
-        let got = d.aliases("web.ns1.ns1.svc.cluster.local", "ns1");
+        // As the reference ztunnel: no stripping, and a name of more than
+        // four labels has no expansion, so this is the only candidate.
         assert_eq!(
-            names(&got),
-            [
-                ("web.ns1.ns1.svc.cluster.local", None),
-                ("web.ns1", Some("web.ns1")),
-                ("web.ns1.svc.cluster.local", Some("web.ns1")),
-                // stripping svc.cluster.local leaves 3 labels, whose
-                // expansion is the question itself: not repeated
-                ("web.ns1.ns1", Some("web.ns1.ns1")),
-                ("web.ns1.ns1.svc", Some("web.ns1.ns1.svc")),
-            ]
+            d.aliases("web.ns1.ns1.svc.cluster.local", "ns1"),
+            ["web.ns1.ns1.svc.cluster.local"]
+        );
+        assert_eq!(
+            d.aliases("web.ns1.svc.cluster.local.ns1.svc.cluster.local", "ns1"),
+            ["web.ns1.svc.cluster.local.ns1.svc.cluster.local"]
         );
     }
 
@@ -262,8 +196,8 @@ mod tests {
     fn aliases_of_a_short_name() {
         let d = ClusterDomain::default();
         assert_eq!(
-            names(&d.aliases("web", "shop")),
-            [("web", None), ("web.shop.svc.cluster.local", None)]
+            d.aliases("web", "shop"),
+            ["web", "web.shop.svc.cluster.local"]
         );
     }
 

@@ -556,10 +556,39 @@ pub struct DnsPlan {
     pub settings: DnsProxySettings,
 }
 
-/// A proxy metadata value as ztunnel reads it from the environment:
-/// `ISTIO_META_<KEY>` first, then the bare key.
-fn metadata(env: &dyn Fn(&str) -> Option<String>, key: &str) -> Option<String> {
-    env(&format!("ISTIO_META_{key}")).or_else(|| env(key))
+/// The part of Istio's `ProxyConfig` (env `PROXY_CONFIG`, YAML or JSON)
+/// the DNS switches read; every other field is ignored here.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ProxyConfigMetadata {
+    #[serde(rename = "proxyMetadata", default)]
+    proxy_metadata: std::collections::HashMap<String, String>,
+}
+
+/// Proxy metadata as ztunnel reads it: `ISTIO_META_<KEY>` from the
+/// environment first, then `proxyMetadata` of `PROXY_CONFIG`, then the bare
+/// key. A `PROXY_CONFIG` that does not parse stops startup with the
+/// parser's reason rather than being skipped.
+struct Metadata<'e> {
+    env: &'e dyn Fn(&str) -> Option<String>,
+    proxy_config: ProxyConfigMetadata,
+}
+
+impl<'e> Metadata<'e> {
+    fn read(env: &'e dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        let proxy_config = match env("PROXY_CONFIG").filter(|t| !t.trim().is_empty()) {
+            Some(text) => serde_norway::from_str::<Option<ProxyConfigMetadata>>(&text)
+                .map_err(|e| anyhow::anyhow!("PROXY_CONFIG is not a readable ProxyConfig: {e}"))?
+                .unwrap_or_default(),
+            None => ProxyConfigMetadata::default(),
+        };
+        Ok(Metadata { env, proxy_config })
+    }
+
+    fn get(&self, key: &str) -> Option<String> {
+        (self.env)(&format!("ISTIO_META_{key}"))
+            .or_else(|| self.proxy_config.proxy_metadata.get(key).cloned())
+            .or_else(|| (self.env)(key))
+    }
 }
 
 fn is_localhost(s: &str) -> bool {
@@ -607,8 +636,13 @@ impl Args {
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> anyhow::Result<Option<DnsPlan>> {
-        let capture = metadata(env, "DNS_CAPTURE").map(|v| v.trim().eq_ignore_ascii_case("true"));
-        let meta_addr = metadata(env, "DNS_PROXY_ADDR").filter(|a| !a.trim().is_empty());
+        let metadata = Metadata::read(env)?;
+        let capture = metadata
+            .get("DNS_CAPTURE")
+            .map(|v| v.trim().eq_ignore_ascii_case("true"));
+        let meta_addr = metadata
+            .get("DNS_PROXY_ADDR")
+            .filter(|a| !a.trim().is_empty());
         // The address as given; None for ztunnel's default (localhost).
         let given = match (&self.dns_addr, capture) {
             (Some(_), Some(false)) => bail!(
@@ -808,6 +842,33 @@ mod tests {
         assert_eq!(plan.addrs, vec!["127.0.0.1:5353".parse().unwrap()]);
         assert!(!plan.localhost);
         assert!(err(&args(&["--inpod", "--xds-on-demand"]), &none).contains("on-demand"));
+
+        // PROXY_CONFIG's proxyMetadata, YAML or JSON, under ISTIO_META_*.
+        const YAML: &str = "concurrency: 2\nproxyMetadata:\n  DNS_CAPTURE: \"true\"\n  DNS_PROXY_ADDR: 127.0.0.3:53\n";
+        assert_eq!(
+            addrs(&args(&[]), &env(&[("PROXY_CONFIG", YAML)])),
+            Some(vec!["127.0.0.3:53".parse().unwrap()])
+        );
+        const JSON: &str = r#"{"proxyMetadata":{"DNS_CAPTURE":"false"}}"#;
+        assert_eq!(addrs(&inpod, &env(&[("PROXY_CONFIG", JSON)])), None);
+        assert_eq!(
+            addrs(
+                &inpod,
+                &env(&[("PROXY_CONFIG", JSON), ("ISTIO_META_DNS_CAPTURE", "true")])
+            ),
+            Some(vec![DEFAULT_DNS_ADDR]),
+            "ISTIO_META_* overrides PROXY_CONFIG"
+        );
+        assert_eq!(
+            addrs(&args(&[]), &env(&[("PROXY_CONFIG", "concurrency: 2\n")])),
+            None,
+            "a ProxyConfig without metadata changes nothing"
+        );
+        assert!(err(
+            &args(&[]),
+            &env(&[("PROXY_CONFIG", "proxyMetadata: [1, 2")])
+        )
+        .contains("PROXY_CONFIG"));
         assert!(addrs(
             &args(&["--inpod", "--xds-on-demand"]),
             &env(&[("DNS_CAPTURE", "false")])

@@ -560,8 +560,9 @@ pub struct DnsPlan {
 /// the DNS switches read; every other field is ignored here.
 #[derive(Debug, Default, serde::Deserialize)]
 struct ProxyConfigMetadata {
+    /// Values as YAML scalars: `DNS_CAPTURE: true` unquoted means "true".
     #[serde(rename = "proxyMetadata", default)]
-    proxy_metadata: std::collections::HashMap<String, String>,
+    proxy_metadata: std::collections::HashMap<String, serde_norway::Value>,
 }
 
 /// Proxy metadata as ztunnel reads it: `ISTIO_META_<KEY>` from the
@@ -586,7 +587,15 @@ impl<'e> Metadata<'e> {
 
     fn get(&self, key: &str) -> Option<String> {
         (self.env)(&format!("ISTIO_META_{key}"))
-            .or_else(|| self.proxy_config.proxy_metadata.get(key).cloned())
+            .or_else(|| {
+                use serde_norway::Value;
+                match self.proxy_config.proxy_metadata.get(key)? {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Bool(b) => Some(b.to_string()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                }
+            })
             .or_else(|| (self.env)(key))
     }
 }

@@ -16,6 +16,8 @@
 //!
 //! - [`forward`]: the upstream resolvers, the table of forwarded queries in
 //!   flight and which upstream replies are taken.
+//! - `fuzzing` (hidden): the fuzz harness over all of the above, for
+//!   `fuzz/` and the corpus replay test.
 //!
 //! Where the work runs: on the cores (`proxy::dns`). Answers read the mesh
 //! snapshot, which every core already holds lock-free, so each core has
@@ -26,6 +28,8 @@
 
 pub mod answer;
 pub mod forward;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod message;
 pub mod names;
 

@@ -5,7 +5,6 @@
 //! copy its counts for the scraper, and at shutdown drain.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -27,7 +26,6 @@ use crate::inpod::{PodFeed, PodScope};
 use crate::io::copy::{self, Copier};
 use crate::io::executor::{self, timer};
 use crate::io::listener::{BoundListener, DnsListener, SelfAddrs};
-use crate::io::socket;
 use crate::io::uring::Poller;
 use crate::proxy::accept::accept_loop;
 use crate::proxy::dns::DnsServer;
@@ -270,9 +268,6 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
 /// listeners in the pod's namespace) and the scope its connections share.
 struct CorePod {
     scope: Rc<PodScope>,
-    /// The listening sockets `_accepting` owns (15001/15006/15008 and DNS
-    /// over TCP), to stop them the moment the pod goes.
-    listening: Vec<RawFd>,
     _accepting: Vec<executor::Task<()>>,
 }
 
@@ -296,17 +291,9 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
             .collect();
         for uid in gone {
             let pod = running.remove(&uid).expect("listed above");
-            let CorePod {
-                scope,
-                listening,
-                _accepting,
-            } = pod;
-            // Before the manager hears that this core stopped the pod: the
-            // accept tasks never end on their own, so the descriptors are
-            // still theirs here.
-            for fd in listening {
-                socket::stop_listening(fd);
-            }
+            let CorePod { scope, _accepting } = pod;
+            // Their listeners stop listening as they drop (`Listening`),
+            // before the manager hears that this core stopped the pod.
             drop(_accepting);
             scope.entry.stopped.fetch_add(1, Ordering::AcqRel);
             let core = core.clone();
@@ -339,8 +326,6 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
                 continue;
             };
             let scope = Rc::new(PodScope::new(entry.clone()));
-            let mut listening: Vec<RawFd> =
-                sockets.listeners.iter().map(|l| l.fd.as_raw_fd()).collect();
             let mut accepting: Vec<_> = sockets
                 .listeners
                 .into_iter()
@@ -348,7 +333,6 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
                 .collect();
             // The pod's DNS proxy: served and closed with its listeners.
             if let (Some(dns), Some(settings)) = (sockets.dns, &core.cfg.dns) {
-                listening.extend(dns.listeners.iter().map(|l| l.tcp.as_raw_fd()));
                 let server =
                     DnsServer::for_pod(core.clone(), settings.clone(), scope.clone(), dns.upstream);
                 accepting.extend(server.serve(dns.listeners));
@@ -358,7 +342,6 @@ async fn follow_pods(core: Rc<CoreInputs>, mut feed: PodFeed) {
                 uid.clone(),
                 CorePod {
                     scope,
-                    listening,
                     _accepting: accepting,
                 },
             );

@@ -5,7 +5,7 @@
 //! connections.
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use anyhow::Context;
 
@@ -39,7 +39,41 @@ impl TrafficPath {
 pub struct BoundListener {
     pub path: TrafficPath,
     pub addr: SocketAddr,
-    pub fd: OwnedFd,
+    pub fd: Listening,
+}
+
+/// A listening socket that stops listening the moment it is dropped: shut
+/// down (`SHUT_RDWR`: its backlog reset, new SYNs refused), then closed.
+/// Closing alone is not enough: while an io_uring poll on it is in flight
+/// the ring holds the file, and the socket keeps listening until the
+/// cancel completes. Connections that land in its backlog meanwhile are
+/// lost, where they should go to another socket of the port
+/// (`SO_REUSEPORT`: a pod's listener on another core, the next ringway)
+/// or be refused (a removed pod).
+pub struct Listening(OwnedFd);
+
+impl From<OwnedFd> for Listening {
+    fn from(fd: OwnedFd) -> Self {
+        Listening(fd)
+    }
+}
+
+impl AsFd for Listening {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for Listening {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        socket::stop_listening(self.0.as_raw_fd());
+    }
 }
 
 const BACKLOG: i32 = 4096;
@@ -80,7 +114,7 @@ pub fn bind_all(
                 slot.push(BoundListener {
                     path: *path,
                     addr,
-                    fd,
+                    fd: fd.into(),
                 });
             }
         }
@@ -92,7 +126,7 @@ pub fn bind_all(
 pub struct DnsListener {
     pub addr: SocketAddr,
     pub udp: OwnedFd,
-    pub tcp: OwnedFd,
+    pub tcp: Listening,
 }
 
 /// Binds the DNS proxy's UDP socket and TCP listener on every address,
@@ -112,7 +146,11 @@ pub fn bind_dns(addrs: &[SocketAddr], cores: usize) -> anyhow::Result<Vec<Vec<Dn
             let tcp = socket::bind_listener(addr, false, BACKLOG).with_context(|| {
                 format!("cannot bind the DNS proxy's TCP listener on {addr} (core {core}); is another process using the port?")
             })?;
-            slot.push(DnsListener { addr, udp, tcp });
+            slot.push(DnsListener {
+                addr,
+                udp,
+                tcp: tcp.into(),
+            });
         }
     }
     Ok(per_core)

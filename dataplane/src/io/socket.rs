@@ -279,10 +279,8 @@ pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
 }
 
 /// Stops a listening socket now: connections in its backlog are reset and
-/// new ones refused. Closing the descriptor is not enough at a known
-/// moment: while an io_uring poll on it is in flight the ring holds the
-/// file, and the socket keeps listening until the cancel completes. The
-/// caller owns `fd` (a stale one is only an error, ignored).
+/// new ones refused (see [`Listening`](crate::io::listener::Listening)).
+/// The caller owns `fd` (a stale one is only an error, ignored).
 pub fn stop_listening(fd: RawFd) {
     // SAFETY: shutdown takes no memory; a stale fd is an error (EBADF).
     let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };

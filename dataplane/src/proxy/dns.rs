@@ -50,7 +50,7 @@ use crate::dns::message::{self, Frame, Request, Transport};
 use crate::dns::DnsProxySettings;
 use crate::inpod::PodScope;
 use crate::io::executor::{self, timer};
-use crate::io::listener::DnsListener;
+use crate::io::listener::{DnsListener, Listening};
 use crate::io::socket::{self, ConnectOpts};
 use crate::io::stream::{read_some, write_all};
 use crate::io::uring::Registration;
@@ -224,7 +224,7 @@ impl DnsServer {
         }
     }
 
-    async fn accept_tcp(self: Rc<Self>, listener: OwnedFd, addr: SocketAddr) {
+    async fn accept_tcp(self: Rc<Self>, listener: Listening, addr: SocketAddr) {
         let reg = Registration::new(&self.core.poller, listener.as_raw_fd());
         loop {
             match socket::accept(std::os::fd::AsFd::as_fd(&listener)) {

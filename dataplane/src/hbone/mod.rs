@@ -231,7 +231,6 @@ async fn ring_socket_to_stream(
     send: &RefCell<SendStream<Bytes>>,
     moved: &ByteCount,
 ) -> Result<(), PumpOutcome> {
-    let mut buf = BytesMut::new();
     loop {
         let first = match sock.recv().await {
             Ok(Some(p)) => p,
@@ -243,7 +242,10 @@ async fn ring_socket_to_stream(
             }
             Err(e) => return Err(PumpOutcome::TcpReset(e.to_string())),
         };
-        buf.extend_from_slice(&first);
+        // A fresh buffer per payload, dropped with it: h2 keeps what it
+        // sends until written, so a buffer kept across the wait would keep
+        // the last payload's memory alive on every idle tunnel.
+        let mut buf = BytesMut::from(&first[..]);
         drop(first);
         while buf.len() < READ_CHUNK {
             match sock.try_recv() {
@@ -251,7 +253,7 @@ async fn ring_socket_to_stream(
                 None => break,
             }
         }
-        send_windowed(send, buf.split().freeze(), moved).await?;
+        send_windowed(send, buf.freeze(), moved).await?;
         crate::io::executor::yield_if_needed().await;
     }
 }

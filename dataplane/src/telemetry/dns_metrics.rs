@@ -74,10 +74,10 @@ impl CoreDnsMetrics {
         key.clear();
         let _ = write!(key, "request_query_type=\"");
         let start = key.len();
+        // A record type's name (`A`, `AAAA`, `Unknown(65280)`): nothing to
+        // escape; lowercased in place, as ztunnel labels it.
         let _ = write!(key, "{}", l.query_type);
-        let lower = key[start..].to_ascii_lowercase();
-        key.truncate(start);
-        escape_into(&mut key, &lower);
+        key[start..].make_ascii_lowercase();
         let _ = write!(key, "\",request_protocol=\"{}\"", l.protocol);
         for (name, value) in [
             ("source_canonical_service", l.canonical_service),

@@ -39,4 +39,6 @@ pub use model::snapshot::{DeltaOutcome, Rejected, Snapshot, SnapshotDelta, Snaps
 pub use publish::{Closed, Feed, Publisher, SnapshotFeed, SnapshotGuard, SnapshotPublisher};
 pub use security::ca::{BuiltinCa, CaError, IssuedCert};
 pub use security::certs::{CertFeed, CertPublisher, CertSnapshot};
-pub use security::tls::{build_tls_configs, peer_identity, TlsConfigs, TlsError, WorkloadCert};
+pub use security::tls::{
+    build_tls_configs, build_tls_configs_with, peer_identity, TlsConfigs, TlsError, WorkloadCert,
+};

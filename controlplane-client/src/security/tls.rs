@@ -183,7 +183,16 @@ pub struct TlsConfigs {
 /// Builds both configs for `cert`: TLS 1.3 only, AES-GCM suites, ALPN `h2`, no
 /// resumption or tickets, no SNI.
 pub fn build_tls_configs(cert: &WorkloadCert) -> Result<TlsConfigs, TlsError> {
-    let provider = crypto_provider();
+    build_tls_configs_with(cert, crypto_provider())
+}
+
+/// [`build_tls_configs`] on another crypto provider (its suites, groups
+/// and key loading): what `tls-provider-bench` compares ringway's configs
+/// on. ringway itself runs only on [`crypto_provider`].
+pub fn build_tls_configs_with(
+    cert: &WorkloadCert,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<TlsConfigs, TlsError> {
     let versions = &[&rustls::version::TLS13];
 
     let webpki = WebPkiClientVerifier::builder_with_provider(cert.roots.clone(), provider.clone())

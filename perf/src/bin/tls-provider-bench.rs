@@ -53,18 +53,14 @@ use anyhow::{bail, ensure, Context};
 use clap::Parser;
 use ringway_benchkit::median;
 use ringway_controlplane::security::ca::DEFAULT_CERT_VALIDITY;
-use ringway_controlplane::{build_tls_configs, peer_identity, BuiltinCa, Identity, IssuedCert};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::Resumption;
-use rustls::crypto::{CryptoProvider, SupportedKxGroup, WebPkiSupportedAlgorithms};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
-use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use ringway_controlplane::{
+    build_tls_configs, build_tls_configs_with, BuiltinCa, Identity, WorkloadCert,
+};
+use rustls::crypto::{CryptoProvider, SupportedKxGroup};
+use rustls::pki_types::ServerName;
 use rustls::{
-    ClientConfig, ClientConnection, Connection, DigitallySignedStruct, DistinguishedName,
-    RootCertStore, ServerConfig, ServerConnection, SignatureScheme, SupportedCipherSuite,
+    ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection,
+    SupportedCipherSuite,
 };
 use serde_json::json;
 
@@ -294,8 +290,8 @@ fn size_label(size: usize) -> String {
 /// The certificates both sides present, from ringway's built-in CA (ECDSA
 /// P-256 leaf and root, SPIFFE URI SANs), and ringway's own configs.
 struct Pki {
-    client: IssuedCert,
-    server: IssuedCert,
+    client: WorkloadCert,
+    server: WorkloadCert,
     ringway_client: Arc<ClientConfig>,
     ringway_server: Arc<ServerConfig>,
 }
@@ -304,16 +300,18 @@ impl Pki {
     fn new() -> anyhow::Result<Pki> {
         let dir = tempfile::tempdir()?;
         let ca = BuiltinCa::load_or_create(dir.path(), TRUST_DOMAIN)?;
-        let issue = |ns: &str, sa: &str| {
-            ca.issue(
-                &Identity::new(ca.trust_domain(), ns, sa),
-                DEFAULT_CERT_VALIDITY,
-            )
+        let issue = |ns: &str, sa: &str| -> anyhow::Result<WorkloadCert> {
+            Ok(ca
+                .issue(
+                    &Identity::new(ca.trust_domain(), ns, sa),
+                    DEFAULT_CERT_VALIDITY,
+                )?
+                .to_workload_cert()?)
         };
         let client = issue("web", "client")?;
         let server = issue("shop", "server")?;
-        let ringway_client = build_tls_configs(&client.to_workload_cert()?)?.client;
-        let ringway_server = build_tls_configs(&server.to_workload_cert()?)?.server;
+        let ringway_client = build_tls_configs(&client)?.client;
+        let ringway_server = build_tls_configs(&server)?.server;
         Ok(Pki {
             client,
             server,
@@ -322,8 +320,9 @@ impl Pki {
         })
     }
 
-    /// ringway's configs with `provider` for ring, offering `offer` and
-    /// key exchange `kx`.
+    /// ringway's configs (`build_tls_configs_with`: the same verifiers,
+    /// versions, ALPN and session settings) on `provider`, offering `offer`
+    /// and key exchange `kx`.
     fn configs(
         &self,
         provider: Provider,
@@ -347,170 +346,12 @@ impl Pki {
             kx_groups,
             ..base
         });
-        let versions = &[&rustls::version::TLS13];
-        let roots = roots(&self.server)?;
-
-        let server_key = certified_key(&self.server, &provider)?;
-        let webpki =
-            WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone()).build()?;
-        let mut server = ServerConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(versions)?
-            .with_client_cert_verifier(Arc::new(TrustDomainClientVerifier { inner: webpki }))
-            .with_cert_resolver(Arc::new(SingleCertAndKey::from(server_key)));
-        server.alpn_protocols = vec![b"h2".to_vec()];
-        server.session_storage = Arc::new(NoServerSessionStorage {});
-        server.send_tls13_tickets = 0;
-
-        let client_key = certified_key(&self.client, &provider)?;
-        let verifier = Arc::new(SpiffeServerVerifier {
-            roots,
-            algorithms: provider.signature_verification_algorithms,
-        });
-        let mut client = ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(versions)?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_client_cert_resolver(Arc::new(SingleCertAndKey::from(client_key)));
-        client.alpn_protocols = vec![b"h2".to_vec()];
-        client.resumption = Resumption::disabled();
-        client.enable_sni = false;
-        Ok((Arc::new(client), Arc::new(server)))
+        let client = build_tls_configs_with(&self.client, provider.clone())?.client;
+        let server = build_tls_configs_with(&self.server, provider)?.server;
+        Ok((client, server))
     }
 }
 
-fn chain(cert: &IssuedCert) -> anyhow::Result<Vec<CertificateDer<'static>>> {
-    CertificateDer::pem_slice_iter(cert.chain_pem.concat().as_bytes())
-        .collect::<Result<_, _>>()
-        .context("chain PEM")
-}
-
-fn roots(cert: &IssuedCert) -> anyhow::Result<Arc<RootCertStore>> {
-    let mut store = RootCertStore::empty();
-    for root in CertificateDer::pem_slice_iter(cert.root_pem.as_bytes()) {
-        store.add(root.context("root PEM")?)?;
-    }
-    Ok(Arc::new(store))
-}
-
-/// The key is loaded by the provider's own key provider, so signing is its.
-fn certified_key(cert: &IssuedCert, provider: &CryptoProvider) -> anyhow::Result<CertifiedKey> {
-    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).context("key PEM")?;
-    Ok(CertifiedKey::from_der(chain(cert)?, key, provider)?)
-}
-
-/// ringway's client verifier: webpki, then the SPIFFE trust domain.
-#[derive(Debug)]
-struct TrustDomainClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-}
-
-impl ClientCertVerifier for TrustDomainClientVerifier {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        true
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        let peer = peer_identity(std::slice::from_ref(end_entity))
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        if &*peer.trust_domain != TRUST_DOMAIN {
-            return Err(rustls::Error::General("foreign trust domain".into()));
-        }
-        Ok(verified)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-/// ringway's server verifier: the chain to our roots and a SPIFFE ID, no
-/// host name.
-#[derive(Debug)]
-struct SpiffeServerVerifier {
-    roots: Arc<RootCertStore>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for SpiffeServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let leaf = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &leaf,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        peer_identity(std::slice::from_ref(end_entity))
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// Moves every pending TLS byte from `from` to `to`, which processes them.
 fn pump(from: &mut Connection, to: &mut Connection, wire: &mut Vec<u8>) -> anyhow::Result<()> {
     wire.clear();
     while from.wants_write() {

@@ -133,6 +133,16 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         control,
         feed.current(),
     ));
+    // The snapshot the core starts with counts too: when xDS answered before
+    // the cores were up, the core begins serving it now. Each version is
+    // recorded once, whether it was seen here or by the watcher below.
+    let mut timed_version = {
+        let snap = core.snapshot();
+        if let Some(at) = snap.received_at() {
+            core.metrics.stats.propagation.record(at.elapsed());
+        }
+        snap.version()
+    };
 
     // Follow snapshot publications: swap the core's slot (never block),
     // then authorize again the open inbound connections the change may
@@ -148,10 +158,12 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
                     "snapshot applied"
                 );
                 let received_at = snap.received_at();
+                let version = snap.version();
                 let old = core.replace_snapshot(snap);
-                if let Some(at) = received_at {
+                if let Some(at) = received_at.filter(|_| version != timed_version) {
                     core.metrics.stats.propagation.record(at.elapsed());
                 }
+                timed_version = version;
                 let new = core.snapshot();
                 // In batches, yielding between them: thousands of open
                 // connections must not stall the core's other tasks.

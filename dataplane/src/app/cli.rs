@@ -267,6 +267,15 @@ pub struct Args {
     #[arg(long, env = "INPOD_UDS", default_value = ringway_controlplane::sources::zds::DEFAULT_SOCKET)]
     pub inpod_uds: PathBuf,
 
+    /// ztunnel's INPOD_PORT_REUSE: every pod's listeners are bound with
+    /// SO_REUSEPORT, so that at an upgrade the next proxy (ringway or
+    /// ztunnel) binds beside them and takes over without a refused
+    /// connection. ringway's per-core listeners share each port that way,
+    /// so it cannot be turned off: false stops startup in in-pod mode.
+    #[arg(long, env = "INPOD_PORT_REUSE", default_value = "true", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub inpod_port_reuse: bool,
+
     /// Built-in CA directory (Istio cacerts layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem, cert-chain.pem). A new root is generated there on
     /// first start; copy the directory to share a trust root between nodes.

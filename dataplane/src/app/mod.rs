@@ -56,6 +56,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.admin_addr
         );
     }
+    if args.inpod && !args.inpod_port_reuse {
+        anyhow::bail!(
+            "INPOD_PORT_REUSE=false (--inpod-port-reuse false) cannot be honoured: ringway \
+             listens on every core with its own socket, so pods' ports are always shared \
+             with SO_REUSEPORT; leave it unset or true"
+        );
+    }
     set_termination_signals_blocked(true);
     let mut cfg = args.proxy_config();
     let dns = args.dns_plan(&|k| std::env::var(k).ok())?;

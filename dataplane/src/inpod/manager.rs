@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use super::{load, pod_workload_uid, PodDns, PodEntry, PodPorts, PodSet, PodSockets};
 use crate::io::listener::{bind_all, bind_dns, BoundListener};
+use crate::io::reuseport::Migration;
 use ringway_controlplane::model::WorkloadName;
 
 /// What readiness and the admin view read of the manager (any thread).
@@ -191,6 +192,8 @@ pub struct InpodManager {
     publish: watch::Sender<Arc<PodSet>>,
     status: Arc<InpodStatus>,
     next_generation: u64,
+    /// What [`report_handover`](Self::report_handover) last said.
+    handover_reported: Option<Result<Migration, ()>>,
 }
 
 impl InpodManager {
@@ -204,6 +207,7 @@ impl InpodManager {
             publish,
             status: status.clone(),
             next_generation: 1,
+            handover_reported: None,
         };
         (m, feed, status)
     }
@@ -280,7 +284,7 @@ impl InpodManager {
                 .collect()
         };
         let (v4, v6) = (specs([0, 0, 0, 0].into()), specs([0u16; 8].into()));
-        let bound = crate::io::netns::within(netns.as_fd(), || {
+        let mut bound = crate::io::netns::within(netns.as_fd(), || {
             let listeners = bind_all(&v4, s.cores, s.keepalive);
             let addrs = crate::io::socket::local_interface_addrs();
             // IPv6 too when the pod has it (istio-cni redirects both
@@ -297,10 +301,35 @@ impl InpodManager {
             let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
             let has_v6_loopback = addrs.contains(&std::net::Ipv6Addr::LOCALHOST.into());
             let dns = s.dns.as_ref().map(|d| d.bind(s.cores, has_v6_loopback));
-            (listeners, listeners6, dns, addrs)
+            // The next proxy at an upgrade binds beside these; whichever
+            // closes first hands its queued connections to the other.
+            let mut groups: Vec<std::os::fd::BorrowedFd<'_>> = Vec::new();
+            if let Ok(cores) = &listeners {
+                groups.extend(cores.first().into_iter().flatten().map(|l| l.fd.as_fd()));
+            }
+            if let Some(Ok(cores)) = &listeners6 {
+                groups.extend(cores.first().into_iter().flatten().map(|l| l.fd.as_fd()));
+            }
+            if let Some(Ok(cores)) = &dns {
+                let first = cores.first().into_iter();
+                groups.extend(first.flat_map(|d| d.listeners.iter().map(|l| l.tcp.as_fd())));
+            }
+            let mut handover = None;
+            for fd in groups {
+                let outcome = crate::io::reuseport::keep_queued_connections(fd);
+                let failed = outcome.is_err();
+                handover = Some(outcome);
+                if failed {
+                    break;
+                }
+            }
+            (listeners, listeners6, dns, addrs, handover)
         })
         .map_err(|e| e.to_string())?;
-        let (listeners, listeners6, dns, addrs) = bound;
+        if let Some(outcome) = bound.4.take() {
+            report_handover(&mut self.handover_reported, outcome);
+        }
+        let (listeners, listeners6, dns, addrs, _) = bound;
         let mut per_core: Vec<Vec<BoundListener>> =
             listeners.map_err(|e| format!("pod {uid}: {e:#}"))?;
         if let Some(listeners6) = listeners6 {
@@ -408,6 +437,32 @@ impl InpodManager {
     /// The pods enrolled now (for tests and the admin view).
     pub fn running(&self) -> usize {
         self.pods.len()
+    }
+}
+
+/// Says once how an upgrade will hand this node's pods over, or loudly
+/// that it cannot without resets, and again when that changes.
+fn report_handover(
+    reported: &mut Option<Result<Migration, ()>>,
+    outcome: Result<Migration, String>,
+) {
+    let key = outcome.as_ref().map_err(|_| ()).copied();
+    if *reported == Some(key) {
+        return;
+    }
+    *reported = Some(key);
+    match outcome {
+        Ok(how) => tracing::info!(
+            via = how.name(),
+            "upgrade hand-over: when a proxy closes a pod's listeners, its queued \
+             connections go to the next proxy's"
+        ),
+        Err(why) => tracing::warn!(
+            reason = %why,
+            "upgrade hand-over: connections queued on a pod's listeners when a proxy \
+             closes them will be reset; allow bpf(2) or make \
+             net.ipv4.tcp_migrate_req writable to keep them"
+        ),
     }
 }
 

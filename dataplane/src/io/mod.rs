@@ -16,6 +16,8 @@
 //!   connections can be handed to once set up.
 //! - [`netns`]: making sockets inside a pod's network namespace.
 //! - [`listener`]: REUSEPORT listeners, bound per core on the main thread.
+//! - [`reuseport`]: a closing listener's queued connections handed to the
+//!   port's other listeners (the next proxy's, at an upgrade).
 //! - [`count`]: core-local counters: bytes moved, things open.
 //! - [`latch`]: a core-local one-shot signal (drain, pod removal).
 //! - [`sockmap`]: the kernel side of the in-kernel passthrough redirect
@@ -28,6 +30,7 @@ pub mod latch;
 pub mod listener;
 pub mod netns;
 pub mod redirect;
+pub mod reuseport;
 pub mod socket;
 pub mod sockmap;
 pub mod stream;

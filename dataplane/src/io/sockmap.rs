@@ -515,6 +515,8 @@ struct ProgLoadAttr {
     kern_version: u32,
     prog_flags: u32,
     prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
 }
 
 /// `union bpf_attr` for `BPF_PROG_ATTACH`.
@@ -583,20 +585,36 @@ fn create_map(
     sys_bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
-/// Loads `insns` as an `SK_SKB` program; on failure, the error and the
+/// What kind of program [`load_program`] loads.
+pub struct ProgramKind {
+    pub prog_type: u32,
+    /// 0 where the type has no attach type to declare at load.
+    pub expected_attach_type: u32,
+    /// Shown by `bpftool prog` (at most 15 bytes).
+    pub name: &'static str,
+}
+
+const REDIRECT_PROGRAM: ProgramKind = ProgramKind {
+    prog_type: BPF_PROG_TYPE_SK_SKB,
+    expected_attach_type: 0,
+    name: "ringway_redir",
+};
+
+/// Loads `insns` as a program of `kind`; on failure, the error and the
 /// verifier's log (from a second attempt with logging on).
-fn load_program(insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
+pub fn load_program(kind: &ProgramKind, insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
     const LICENSE: &CStr = c"GPL";
     let load = |log: &mut [u8]| {
         let mut attr = ProgLoadAttr {
-            prog_type: BPF_PROG_TYPE_SK_SKB,
+            prog_type: kind.prog_type,
+            expected_attach_type: kind.expected_attach_type,
             insn_cnt: insns.len() as u32,
             insns: insns.as_ptr() as u64,
             license: LICENSE.as_ptr() as u64,
             log_level: u32::from(!log.is_empty()),
             log_size: log.len() as u32,
             log_buf: log.as_mut_ptr() as u64,
-            prog_name: name16("ringway_redir"),
+            prog_name: name16(kind.name),
             ..Default::default()
         };
         sys_bpf(BPF_PROG_LOAD, &mut attr).map(owned)
@@ -879,8 +897,8 @@ impl Sockmap {
             limits.budget,
             limits.bell_at(),
         );
-        let prog =
-            load_program(&program).map_err(|(e, log)| explain("load program", &e, Some(log)))?;
+        let prog = load_program(&REDIRECT_PROGRAM, &program)
+            .map_err(|(e, log)| explain("load program", &e, Some(log)))?;
         attach_verdict(&verdict, &prog).map_err(|e| explain("attach program", &e, None))?;
         Ok(Sockmap {
             targets,
@@ -1048,7 +1066,13 @@ fn getsockopt<T>(fd: BorrowedFd<'_>, level: i32, name: i32, out: &mut T) -> io::
     }
 }
 
-fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, value: libc::c_int) -> io::Result<()> {
+/// `setsockopt` of one int option.
+pub fn setsockopt_int(
+    fd: BorrowedFd<'_>,
+    level: i32,
+    name: i32,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: setsockopt reads one c_int from the pointer we pass.
     let r = unsafe {
         libc::setsockopt(

@@ -131,6 +131,7 @@ fn zds_answers_match_ztunnel() {
         &zagent.path,
         "node2",
         &dir.path().join("ztunnel.log"),
+        &[],
     );
     let first: Vec<Step> = vec![
         Step {
@@ -270,6 +271,7 @@ fn pods_on_ringway_and_ztunnel_talk_both_ways() {
         &zagent.path,
         "node2",
         &dir.path().join("ztunnel.log"),
+        &[],
     );
     let rc = ragent.accept(Duration::from_secs(10));
     let zc = zagent.accept(Duration::from_secs(30));

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -47,6 +47,38 @@ pub struct CoreSeed {
     pub pods: Option<PodFeed>,
     /// The DNS proxy's sockets on this core (node-level; empty when off).
     pub dns: Vec<DnsListener>,
+    /// Shared by every core: whose turn it is to close its listeners.
+    pub closing: Arc<ClosingOrder>,
+}
+
+/// At drain the cores close their listeners one after another, in core
+/// order, never two at once. A closing listener's queued connections move
+/// to another listener of its port ([`crate::io::reuseport`]); if two
+/// cores closed at the same instant, one could pick the other's socket
+/// just as it stops listening, and that connection would be reset. In
+/// turn, each queue moves to a socket that stays open (the next proxy's,
+/// or a core that has not closed yet and will move it on).
+#[derive(Default)]
+pub struct ClosingOrder {
+    closed: AtomicUsize,
+}
+
+impl ClosingOrder {
+    /// How long a core waits for the cores before it (a stuck core must
+    /// not hold the others' drain).
+    const PATIENCE: Duration = Duration::from_millis(200);
+
+    /// Waits until every core before `index` has closed its listeners.
+    async fn my_turn(&self, index: usize) {
+        let start = std::time::Instant::now();
+        while self.closed.load(Ordering::Acquire) < index && start.elapsed() < Self::PATIENCE {
+            timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn closed(&self, index: usize) {
+        self.closed.fetch_max(index + 1, Ordering::AcqRel);
+    }
 }
 
 async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result<()> {
@@ -62,6 +94,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         metrics,
         pods,
         dns,
+        closing,
     } = seed;
     let force_close = crate::io::latch::Latch::new();
     let poller: Rc<Poller> = executor::poller();
@@ -253,10 +286,12 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         }
     }
     // Drain: dropping the accept tasks closes this core's listening sockets
-    // (the pods' with the follower, which owns them).
+    // (the pods' with the follower, which owns them), in core order.
+    closing.my_turn(index).await;
     drop(accept_tasks);
     drop(pod_follower);
     drop(dns_tasks);
+    closing.closed(index);
     let open = core.open.get();
     if open > 0 {
         tracing::info!(core = index, open, timeout = ?core.cfg.drain_timeout, "draining open connections");

@@ -37,7 +37,7 @@ use crate::app::cgroup::format_cpu_list;
 use crate::app::checks::{check_io_uring, check_memlock, raise_nofile};
 use crate::app::cli::{Args, DnsPlan};
 use crate::app::control::{CertSourceKind, ConfigSource, Control};
-use crate::app::cores::{start_cores, CoreSeed};
+use crate::app::cores::{start_cores, ClosingOrder, CoreSeed};
 use crate::app::plan::{format_cpus, plan_cores, CorePlan, CpuFacts};
 use crate::app::signals::set_termination_signals_blocked;
 use crate::core::ControlHandles;
@@ -141,7 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         specs.push((TrafficPath::Socks5, socks5));
     }
     let keepalive = (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive);
-    let per_core = bind_all(&specs, plan.cpus.len(), keepalive)?;
+    let per_core = bind_all(&specs, plan.cpus.len(), keepalive, false)?;
     // In-pod, the DNS sockets are each pod's, bound at its enrolment.
     let mut dns_per_core = match &dns {
         Some(d) if !args.inpod => bind_dns(&d.addrs, plan.cpus.len())?,
@@ -258,6 +258,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cert_requests: Some(started.cert_requests),
         on_demand: on_demand_tx,
     };
+    let closing = Arc::new(ClosingOrder::default());
     let seeds = per_core
         .into_iter()
         .enumerate()
@@ -273,6 +274,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             metrics: metrics.core(!args.no_metrics),
             pods: inpod.as_ref().map(|(_, feed, _)| feed.clone()),
             dns: std::mem::take(&mut dns_per_core[index]),
+            closing: closing.clone(),
         })
         .collect();
     let handles = start_cores(&plan, seeds, &cores_ready)?;

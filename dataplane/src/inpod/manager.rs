@@ -285,29 +285,22 @@ impl InpodManager {
         };
         let (v4, v6) = (specs([0, 0, 0, 0].into()), specs([0u16; 8].into()));
         let mut bound = crate::io::netns::within(netns.as_fd(), || {
-            let listeners = bind_all(&v4, s.cores, s.keepalive);
-            let addrs = crate::io::socket::local_interface_addrs();
-            // IPv6 too when the pod has it (istio-cni redirects both
-            // families); a pod without IPv6 cannot bind [::] and is served
-            // on IPv4 alone.
-            // Link-local addresses (fe80::/10), which every interface gets,
-            // do not count: IPv4-only clusters would bind twice the sockets.
-            let has_v6 = addrs.iter().any(|ip| match ip {
-                std::net::IpAddr::V6(v6) => {
-                    !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80
-                }
-                _ => false,
+            // As ztunnel binds them: one dual-stack `[::]` socket per port
+            // and core (IPv4 peers arrive v4-mapped). At an upgrade the
+            // next proxy, ringway or ztunnel, then joins the same
+            // SO_REUSEPORT group, so a closing listener's queue has
+            // somewhere to go. A pod whose kernel has no IPv6 gets 0.0.0.0.
+            let listeners = bind_all(&v6, s.cores, s.keepalive, true).or_else(|v6_error| {
+                bind_all(&v4, s.cores, s.keepalive, false)
+                    .map_err(|e| e.context(format!("and on [::] first: {v6_error:#}")))
             });
-            let listeners6 = has_v6.then(|| bind_all(&v6, s.cores, s.keepalive));
+            let addrs = crate::io::socket::local_interface_addrs();
             let has_v6_loopback = addrs.contains(&std::net::Ipv6Addr::LOCALHOST.into());
             let dns = s.dns.as_ref().map(|d| d.bind(s.cores, has_v6_loopback));
             // The next proxy at an upgrade binds beside these; whichever
             // closes first hands its queued connections to the other.
             let mut groups: Vec<std::os::fd::BorrowedFd<'_>> = Vec::new();
             if let Ok(cores) = &listeners {
-                groups.extend(cores.first().into_iter().flatten().map(|l| l.fd.as_fd()));
-            }
-            if let Some(Ok(cores)) = &listeners6 {
                 groups.extend(cores.first().into_iter().flatten().map(|l| l.fd.as_fd()));
             }
             if let Some(Ok(cores)) = &dns {
@@ -323,21 +316,15 @@ impl InpodManager {
                     break;
                 }
             }
-            (listeners, listeners6, dns, addrs, handover)
+            (listeners, dns, addrs, handover)
         })
         .map_err(|e| e.to_string())?;
-        if let Some(outcome) = bound.4.take() {
+        if let Some(outcome) = bound.3.take() {
             report_handover(&mut self.handover_reported, outcome);
         }
-        let (listeners, listeners6, dns, addrs, _) = bound;
-        let mut per_core: Vec<Vec<BoundListener>> =
+        let (listeners, dns, addrs, _) = bound;
+        let per_core: Vec<Vec<BoundListener>> =
             listeners.map_err(|e| format!("pod {uid}: {e:#}"))?;
-        if let Some(listeners6) = listeners6 {
-            let v6 = listeners6.map_err(|e| format!("pod {uid}: {e:#}"))?;
-            for (core, l) in per_core.iter_mut().zip(v6) {
-                core.extend(l);
-            }
-        }
         let mut dns: Vec<Option<PodDns>> = match dns {
             Some(d) => d
                 .map_err(|e| format!("pod {uid}: {e:#}"))?

@@ -82,11 +82,13 @@ const BACKLOG: i32 = 4096;
 /// bind picks the port and the other cores join it. Each listener gets the
 /// per-socket TCP options ([`socket::tune_stream`]): Linux copies them into
 /// every accepted socket, which saves five `setsockopt` calls per
-/// connection.
+/// connection. IPv6 addresses are IPv6-only unless `dual_stack` (see
+/// [`socket::bind_listener`]).
 pub fn bind_all(
     specs: &[(TrafficPath, Vec<SocketAddr>)],
     cores: usize,
     keepalive: Option<std::time::Duration>,
+    dual_stack: bool,
 ) -> anyhow::Result<Vec<Vec<BoundListener>>> {
     let mut per_core: Vec<Vec<BoundListener>> = (0..cores).map(|_| Vec::new()).collect();
     for (path, addrs) in specs {
@@ -96,7 +98,7 @@ pub fn bind_all(
                 // Only capture listeners may receive TPROXY-delivered traffic.
                 let transparent =
                     matches!(path, TrafficPath::InboundPassthrough | TrafficPath::Inbound);
-                let fd = socket::bind_listener(addr, transparent, BACKLOG).with_context(|| {
+                let fd = socket::bind_listener(addr, transparent, BACKLOG, dual_stack).with_context(|| {
                     format!(
                         "cannot bind the {} listener on {addr} (core {core}); is another process using the port?",
                         path.name()
@@ -143,7 +145,7 @@ pub fn bind_dns(addrs: &[SocketAddr], cores: usize) -> anyhow::Result<Vec<Vec<Dn
             if addr.port() == 0 {
                 addr = socket::local_addr(udp.as_fd())?;
             }
-            let tcp = socket::bind_listener(addr, false, BACKLOG).with_context(|| {
+            let tcp = socket::bind_listener(addr, false, BACKLOG, false).with_context(|| {
                 format!("cannot bind the DNS proxy's TCP listener on {addr} (core {core}); is another process using the port?")
             })?;
             slot.push(DnsListener {
@@ -193,7 +195,7 @@ mod tests {
     #[test]
     fn port_zero_is_shared_by_all_cores() {
         let specs = vec![(TrafficPath::Outbound, vec!["127.0.0.1:0".parse().unwrap()])];
-        let bound = bind_all(&specs, 2, None).unwrap();
+        let bound = bind_all(&specs, 2, None, false).unwrap();
         assert_eq!(bound.len(), 2);
         assert_ne!(bound[0][0].addr.port(), 0);
         assert_eq!(bound[0][0].addr, bound[1][0].addr);
@@ -205,7 +207,7 @@ mod tests {
     fn accepted_sockets_inherit_the_tcp_options() {
         let specs = vec![(TrafficPath::Inbound, vec!["127.0.0.1:0".parse().unwrap()])];
         let idle = std::time::Duration::from_secs(123);
-        let bound = bind_all(&specs, 1, Some(idle)).unwrap();
+        let bound = bind_all(&specs, 1, Some(idle), false).unwrap();
         let l = &bound[0][0];
         let _client = std::net::TcpStream::connect(l.addr).unwrap();
         let conn = loop {
@@ -238,7 +240,7 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
         let specs = vec![(TrafficPath::InboundPassthrough, vec![addr])];
-        let err = format!("{:#}", bind_all(&specs, 1, None).err().unwrap());
+        let err = format!("{:#}", bind_all(&specs, 1, None, false).err().unwrap());
         assert!(err.contains("inbound_passthrough listener"), "{err}");
         assert!(err.contains(&addr.to_string()), "{err}");
     }

@@ -120,7 +120,7 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn listener(addr: SocketAddr) -> TcpListener {
-        crate::io::socket::bind_listener(addr, false, 128)
+        crate::io::socket::bind_listener(addr, false, 128, false)
             .unwrap()
             .into()
     }

@@ -352,9 +352,18 @@ impl Pipe {
 
 /// Builds a listening socket for one core. Every core binds its own socket
 /// on the same address with SO_REUSEPORT and the kernel spreads incoming
-/// connections across them.
-pub fn bind_listener(addr: SocketAddr, transparent: bool, backlog: i32) -> io::Result<OwnedFd> {
+/// connections across them. An IPv6 address is IPv6-only unless
+/// `dual_stack` (then `[::]` takes IPv4 too, as v4-mapped peers).
+pub fn bind_listener(
+    addr: SocketAddr,
+    transparent: bool,
+    backlog: i32,
+    dual_stack: bool,
+) -> io::Result<OwnedFd> {
     let sock = shared_port(addr, Type::STREAM)?;
+    if addr.is_ipv6() && dual_stack {
+        sock.set_only_v6(false)?;
+    }
     if transparent {
         // TPROXY delivery needs IP_TRANSPARENT (CAP_NET_ADMIN). Without it
         // the listener still serves REDIRECTed traffic, so only warn.

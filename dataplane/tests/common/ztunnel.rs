@@ -119,8 +119,9 @@ impl Ztunnel {
 
     /// Starts `bin proxy` in `netns` in shared in-pod mode: pods come from
     /// the node agent at `uds` (an in-test agent), the mesh from the
-    /// LOCAL_XDS file `config`, certificates from its fake CA. Returns once
-    /// it runs (it then connects to the agent on its own, retrying).
+    /// LOCAL_XDS file `config`, certificates from its fake CA, with `env`
+    /// added. Returns once it runs (it then connects to the agent on its
+    /// own, retrying).
     pub fn start_inpod(
         bin: &Path,
         netns: &str,
@@ -128,6 +129,7 @@ impl Ztunnel {
         uds: &Path,
         node: &str,
         log: &Path,
+        env: &[(&str, &str)],
     ) -> Ztunnel {
         let child = Command::new("ip")
             .args(["netns", "exec", netns])
@@ -141,6 +143,7 @@ impl Ztunnel {
             .env("NODE_NAME", node)
             .env("ENABLE_ORIG_SRC", "false")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(File::create(log).unwrap())
             .stderr(File::create(log.with_extension("stderr")).unwrap())
@@ -155,6 +158,22 @@ impl Ztunnel {
             &["local config initialized", "in-pod mode enabled"],
         );
         z
+    }
+
+    /// Sends it a signal (`ip netns exec` execs into ztunnel: the child's
+    /// pid is ztunnel's).
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: kill takes no memory; a stale pid is an error (ESRCH).
+        unsafe { libc::kill(pid, sig) };
+    }
+
+    /// Waits (up to `within`) for it to exit.
+    pub fn wait_exit(&mut self, within: std::time::Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("running");
+        super::wait_for("ztunnel to exit", within, || {
+            child.try_wait().unwrap().ok_or("still running")
+        })
     }
 
     /// Waits until its log has every one of `lines`; fails at once if it

@@ -22,6 +22,7 @@
 # scripts/render-manifests.sh). Fails, rather than skipping, when it
 # cannot. Runs every check and reports all failures at the end.
 set -euo pipefail
+. "$(dirname "$0")/lib/checks.sh"
 cd "$(dirname "$0")/.."
 
 KUBERNETES_VALIDATE_VERSION=1.37.0
@@ -43,17 +44,6 @@ command -v python3 >/dev/null 2>&1 || die "python3 is needed (apt-get install py
 tools=${RINGWAY_TOOLS_DIR:-$(pwd)/target/tools}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-passed=0
-failed=0
-ok() {
-  echo "ok: $*"
-  passed=$((passed + 1))
-}
-fail() {
-  echo "FAILED: $*"
-  failed=$((failed + 1))
-}
 
 # --- tools ---------------------------------------------------------------
 pyver=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -193,14 +183,7 @@ for path in sys.argv[2:]:
         if not bad:
             print(f"OK {where}: ringway --help knows its {len(used)} flags and {len(names)} env vars ({' '.join(used + names)})")
 PY
-[ -s "$work/flags.out" ] || fail "the flag check produced no output"
-while IFS= read -r line; do
-  case "$line" in
-    OK\ *) ok "${line#OK }" ;;
-    FAIL\ *) fail "${line#FAIL }" ;;
-    *) fail "flag check: $line" ;;
-  esac
-done <"$work/flags.out"
+report_lines "$work/flags.out" "the flag check"
 # The variables ringway is said to read outside its flags must still be
 # read by the source.
 for var in POD_NAME POD_NAMESPACE INSTANCE_IP; do
@@ -263,14 +246,7 @@ if socket_rules:
 else:
     print(f"FAIL {path} does not allow socket")
 PY
-while IFS= read -r line; do
-  case "$line" in
-    OK\ *) ok "${line#OK }" ;;
-    FAIL\ *) fail "${line#FAIL }" ;;
-    *) fail "seccomp check: $line" ;;
-  esac
-done <"$work/seccomp.out"
-[ -s "$work/seccomp.out" ] || fail "the seccomp check produced no output"
+report_lines "$work/seccomp.out" "the seccomp check"
 
 # --- 5. the seccomp profile applied by a real runtime ----------------------
 # runc, the OCI runtime under containerd and CRI-O, runs ringway with the
@@ -345,6 +321,4 @@ PY
   fi
 fi
 
-echo
-echo "deploy check: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_summary "deploy check"

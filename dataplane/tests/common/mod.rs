@@ -80,6 +80,33 @@ pub fn require_root() {
     }
 }
 
+/// Runs one of the `scripts/check-*.sh` scripts on this build's `ringway`
+/// (`RINGWAY_BIN`), shows its output, and fails unless it succeeded and
+/// ended with its summary line, `<summary> N passed, 0 failed`.
+pub fn run_check_script(script: &str, summary: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
+    let out = Command::new("bash")
+        .arg(&path)
+        .env("RINGWAY_BIN", ringway_bin())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        out.status.success(),
+        "scripts/{script} failed ({}): its FAILED lines above say what",
+        out.status
+    );
+    assert!(
+        stdout.contains(summary) && stdout.contains(" 0 failed"),
+        "no summary line:\n{stdout}"
+    );
+}
+
 fn run(cmd: &mut Command) {
     if let Err(e) = ringway_rig::check(cmd) {
         panic!("{e:#}");

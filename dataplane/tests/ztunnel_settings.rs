@@ -283,3 +283,49 @@ fn ringway_and_ztunnel_variables_that_disagree_stop_startup() {
     let rw = start(&[], &[("RINGWAY_MARK", "1337"), ("PACKET_MARK", "1337")]);
     assert_eq!(config_dump(&rw)["config"]["packetMark"], 1337);
 }
+
+/// PROXY_CONFIG as Istio passes it: `concurrency` sizes the executors and
+/// `proxyMetadata` turns the DNS proxy on, where ztunnel's would be.
+#[test]
+fn proxy_config_sets_concurrency_and_metadata() {
+    let rw = start(
+        &[],
+        &[(
+            "PROXY_CONFIG",
+            r#"{"concurrency": 1, "proxyMetadata": {"DNS_CAPTURE": "true", "DNS_PROXY_ADDR": "127.0.0.1:0"}}"#,
+        )],
+    );
+    let c = &config_dump(&rw)["config"];
+    assert_eq!(c["cores"].as_array().unwrap().len(), 1, "{c}");
+    assert!(
+        c["coresReason"]
+            .as_str()
+            .unwrap()
+            .contains("1 worker threads"),
+        "{c}"
+    );
+    assert_eq!(c["dnsProxy"], true, "{c}");
+}
+
+/// ENABLE_RESPONSE_BAGGAGE=false keeps the destination's baggage off the
+/// 200 of an inbound HBONE CONNECT. Given here as its flag, which the
+/// variable sets (`honoured_variables_show_in_config_dump`): the two
+/// nodes' ringways share one environment, this test's.
+#[test]
+fn response_baggage_off_leaves_the_200_without_it() {
+    use common::nodes::{base_config, client_args, py_client, Nodes, CLIENT_ID, SERVER_IP};
+    let nodes = Nodes::with_config("zenv", &base_config(), true, &["--no-response-baggage"]);
+    nodes.b.enter(|| {
+        common::serve_echo(std::net::TcpListener::bind(format!("{SERVER_IP}:8081")).unwrap())
+    });
+    let certs = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "client", "1h");
+    let root = nodes.ca_dir().join("root-cert.pem");
+    let args = client_args(&certs, &root, &format!("{SERVER_IP}:8081"));
+    let (_, out) = py_client(&nodes.a, &args);
+    assert_eq!(out["status"][0], 200, "{out}");
+    assert!(out["response_headers"][0].is_object(), "{out}");
+    assert!(
+        out["response_headers"][0].get("baggage").is_none(),
+        "baggage sent though turned off: {out}"
+    );
+}

@@ -163,7 +163,7 @@ pub const ZTUNNEL_VARS: &[ZtunnelVar] = &[
     refused("COMPLIANCE_POLICY", &[], "ringway cannot restrict itself to a compliance policy (e.g. `pqc`)."),
     warned("AUTHZ_POLICY_INFO_LOGGING", &["false"], "ringway logs authorization decisions at debug level only."),
     warned("TRANSPARENT_NETWORK_POLICIES", &["false"], "ringway has no such mode."),
-    honoured("PROXY_CONFIG", "see the rows above", "YAML or JSON ProxyConfig: `concurrency` (as `ZTUNNEL_WORKER_THREADS`, which wins), `proxyAdminPort` (`--admin-addr` 127.0.0.1:port), `statsPort` (`--stats-addr`), `discoveryAddress` (as `XDS_ADDRESS`, which wins), `proxyMetadata` (`DNS_CAPTURE`, `DNS_PROXY_ADDR`). The mesh config file is not read."),
+    honoured("PROXY_CONFIG", "see the rows above", "YAML or JSON ProxyConfig: `concurrency` (as `ZTUNNEL_WORKER_THREADS`, which wins), `proxyAdminPort` (`--admin-addr` 127.0.0.1:port), `statsPort` (`--stats-addr`), `discoveryAddress` (as `XDS_ADDRESS`, which wins), `proxyMetadata` (`DNS_CAPTURE`, `DNS_PROXY_ADDR`). ztunnel's mesh config file (`./etc/istio/config/mesh`) is not read: a warning if it exists."),
     honoured("ISTIO_META_*", "xDS node metadata", "Also proxy metadata: `ISTIO_META_DNS_CAPTURE`, `ISTIO_META_DNS_PROXY_ADDR` (`--dns-addr`)."),
     honoured("ISTIO_METAJSON_*", "xDS node metadata", ""),
     honoured("RUST_LOG", "log filter", "Also `/logging` on the admin endpoint."),
@@ -194,6 +194,12 @@ pub fn apply(
         notices: Vec::new(),
     };
     check_table(env, &mut o.notices)?;
+    if Path::new(MESH_CONFIG).exists() {
+        o.notices.push(Notice::Warn(format!(
+            "{MESH_CONFIG} exists: ztunnel would read its defaultConfig; ringway reads only \
+             PROXY_CONFIG, so put the settings there"
+        )));
+    }
     let pc = IstioProxyConfig::read(&get)?;
     o.mode(args)?;
     o.config_source(args, &pc)?;
@@ -203,6 +209,10 @@ pub fn apply(
     o.files(args)?;
     Ok(o.notices)
 }
+
+/// Istio's mesh config, which ztunnel reads relative to its working
+/// directory for a `defaultConfig` below PROXY_CONFIG's.
+const MESH_CONFIG: &str = "./etc/istio/config/mesh";
 
 /// Warned and refused variables that are set; unneeded ones noted.
 fn check_table(env: &[(String, String)], notices: &mut Vec<Notice>) -> anyhow::Result<()> {

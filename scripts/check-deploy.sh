@@ -138,6 +138,10 @@ help_text = open(sys.argv[1]).read()
 # Option lines of clap's long help: "  -h, --help", "      --cores <CORES>".
 flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z0-9][a-z0-9-]*)", help_text, re.M))
 envs = set(re.findall(r"\[env: ([A-Za-z_][A-Za-z0-9_]*)=", help_text))
+# ztunnel's variables ringway reads besides its flags' own (the end of
+# `ringway --help`, from dataplane/src/app/ztunnel_env.rs).
+for line in re.findall(r"^\s+honoured: (.*)$", help_text, re.M):
+    envs |= {v for v in line.split() if not v.endswith("*")}
 
 # Variables ringway reads outside its flags, and where.
 OUTSIDE_FLAGS = {

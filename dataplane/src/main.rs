@@ -105,8 +105,9 @@ mod jemalloc {
     }
 }
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use ringway_dataplane::app::cli::{CertCommand, Cli, Command, LogFormat};
+use ringway_dataplane::app::ztunnel_env::{self, Notice};
 use ringway_dataplane::telemetry::logfmt;
 use tracing_subscriber::EnvFilter;
 
@@ -151,10 +152,29 @@ fn main() -> ExitCode {
             purge: jemalloc::purge,
         },
     );
-    let cli = Cli::parse();
+    let cmd = Cli::command().after_help(ztunnel_env::help_text());
+    let matches = cmd.clone().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // ztunnel's variables beside ringway's flags, before logging starts:
+    // LOG_FORMAT is one of them.
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let ztunnel = match cli.command {
+        None => ztunnel_env::apply(&cmd, &matches, &mut cli.run, &env),
+        Some(_) => Ok(Vec::new()),
+    };
     let _log_writer = init_logging(cli.run.log_format, cli.run.log_queue_lines as usize);
+    let ztunnel = ztunnel.map(|notices| {
+        for notice in notices {
+            match notice {
+                Notice::Warn(m) => tracing::warn!("{m}"),
+                Notice::Info(m) => tracing::info!("{m}"),
+            }
+        }
+    });
     let result = match cli.command {
-        None => ringway_dataplane::app::run(cli.run),
+        None => ztunnel.and_then(|()| ringway_dataplane::app::run(cli.run)),
         Some(Command::Cert(CertCommand::Issue {
             spiffe_id,
             ca_dir,

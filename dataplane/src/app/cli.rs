@@ -19,7 +19,7 @@ use crate::dns::DnsProxySettings;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
-use crate::io::socket::ConnectOpts;
+use crate::io::socket::{ConnectOpts, KeepaliveOpts};
 use crate::io::uring::{IoMode, RingConfig, SocketCaps};
 
 /// ringway: a thread-per-core io_uring node proxy for Istio's ambient mesh.
@@ -195,10 +195,26 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
 
-    /// TCP keepalive idle time and probe interval on proxied sockets
-    /// ("0s" disables).
+    /// TCP keepalive idle time on proxied sockets before the first probe
+    /// ("0s" disables keepalive). ztunnel: KEEPALIVE_TIME, KEEPALIVE_ENABLED.
     #[arg(long, env = "RINGWAY_TCP_KEEPALIVE", default_value = "180s", value_parser = parse_duration)]
     pub tcp_keepalive: Duration,
+
+    /// Time between TCP keepalive probes. ztunnel: KEEPALIVE_INTERVAL.
+    #[arg(long, env = "RINGWAY_TCP_KEEPALIVE_INTERVAL", default_value = "180s", value_parser = parse_nonzero_duration)]
+    pub tcp_keepalive_interval: Duration,
+
+    /// Unanswered keepalive probes before a connection is dropped.
+    /// ztunnel: KEEPALIVE_RETRIES.
+    #[arg(long, env = "RINGWAY_TCP_KEEPALIVE_RETRIES", default_value_t = 9,
+          value_parser = clap::value_parser!(u32).range(1..=127))]
+    pub tcp_keepalive_retries: u32,
+
+    /// Set TCP_USER_TIMEOUT on proxied sockets to the keepalive idle time
+    /// plus every probe, so data a dead peer never acknowledges fails as
+    /// soon as an idle connection to it would. ztunnel: USER_TIMEOUT_ENABLED.
+    #[arg(long, env = "RINGWAY_TCP_USER_TIMEOUT")]
+    pub tcp_user_timeout: bool,
 
     /// On SIGTERM/SIGINT: stop accepting, let open connections finish for
     /// this long, then close them.
@@ -231,6 +247,12 @@ pub struct Args {
     /// one TCP hop less. For comparisons and debugging.
     #[arg(long, env = "RINGWAY_NO_FAST_PATH")]
     pub no_fast_path: bool,
+
+    /// Do not send the destination's `baggage` (its workload, namespace,
+    /// cluster) in the answer to an inbound HBONE CONNECT.
+    /// ztunnel: ENABLE_RESPONSE_BAGGAGE=false.
+    #[arg(long, env = "RINGWAY_NO_RESPONSE_BAGGAGE")]
+    pub no_response_baggage: bool,
 
     /// Connect to local applications from the original client's address
     /// (the tunnel's or the plaintext connection's TCP peer, never a
@@ -433,6 +455,34 @@ pub struct Args {
     /// as JSON (useful with port 0, for supervisors and tests).
     #[arg(long, env = "RINGWAY_BOUND_ADDRS_FILE")]
     pub bound_addrs_file: Option<PathBuf>,
+
+    /// The rest come from ztunnel's variables only ([`super::ztunnel_env`]).
+    /// How many executors ztunnel's ZTUNNEL_WORKER_THREADS or ProxyConfig
+    /// `concurrency` ask for, when --cores does not say.
+    #[arg(skip)]
+    pub worker_threads: Option<WorkerThreads>,
+
+    /// ZTUNNEL_CPU_LIMIT (or ZTUNNEL_RESOURCE_CPU_LIMIT): the container's
+    /// CPU limit from the downward API, in whole CPUs.
+    #[arg(skip)]
+    pub cpu_limit: Option<usize>,
+
+    /// IPV6_ENABLED: off, the DNS proxy's `localhost` is 127.0.0.1 only.
+    #[arg(skip = true)]
+    pub ipv6_enabled: bool,
+
+    /// LOCAL_XDS: the local config inline (YAML), not watched.
+    #[arg(skip)]
+    pub config_inline: Option<String>,
+}
+
+/// Executors as ztunnel counts worker threads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WorkerThreads {
+    /// This many; 0 = one per CPU this process may use.
+    Count(usize),
+    /// This share of the CPU limit (or of the CPUs), rounded up, at least one.
+    Percent(f64),
 }
 
 /// Where SOCKS5 listens when only --socks5 is given.
@@ -444,6 +494,16 @@ impl Args {
     /// asked, else on in in-pod mode only (see `--orig-src`).
     pub fn orig_src(&self) -> bool {
         self.orig_src.unwrap_or(self.inpod)
+    }
+
+    /// Keepalive on proxied sockets; None when --tcp-keepalive is 0.
+    pub fn keepalive(&self) -> Option<KeepaliveOpts> {
+        (!self.tcp_keepalive.is_zero()).then_some(KeepaliveOpts {
+            time: self.tcp_keepalive,
+            interval: self.tcp_keepalive_interval,
+            retries: self.tcp_keepalive_retries,
+            user_timeout: self.tcp_user_timeout,
+        })
     }
 
     /// The SOCKS5 listener addresses; empty when it is off.
@@ -484,6 +544,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         Err(e) => Err(format!(
             "invalid duration {s:?}: {e} (examples: 500ms, 10s, 5m, 1h 30m)"
         )),
+    }
+}
+
+/// [`parse_duration`], but never zero (a keepalive probe interval).
+fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!("duration {s:?} must be more than zero")),
+        d => Ok(d),
     }
 }
 
@@ -565,46 +633,71 @@ pub struct DnsPlan {
     pub settings: DnsProxySettings,
 }
 
-/// The part of Istio's `ProxyConfig` (env `PROXY_CONFIG`, YAML or JSON)
-/// the DNS switches read; every other field is ignored here.
+/// The parts of Istio's `ProxyConfig` (env `PROXY_CONFIG`, YAML or JSON)
+/// ztunnel reads; other fields are ignored, as ztunnel ignores them.
 #[derive(Debug, Default, serde::Deserialize)]
-struct ProxyConfigMetadata {
+#[serde(rename_all = "camelCase")]
+pub struct IstioProxyConfig {
+    /// The xDS server when XDS_ADDRESS is not set.
+    pub discovery_address: Option<String>,
+    /// The admin endpoint's port (on 127.0.0.1).
+    pub proxy_admin_port: Option<u16>,
+    /// The metrics endpoint's port.
+    pub stats_port: Option<u16>,
+    /// Worker threads when ZTUNNEL_WORKER_THREADS is not set (0 = all).
+    pub concurrency: Option<u16>,
     /// Values as YAML scalars: `DNS_CAPTURE: true` unquoted means "true".
-    #[serde(rename = "proxyMetadata", default)]
-    proxy_metadata: std::collections::HashMap<String, serde_norway::Value>,
+    #[serde(default)]
+    pub proxy_metadata: std::collections::HashMap<String, serde_norway::Value>,
+}
+
+impl IstioProxyConfig {
+    /// `PROXY_CONFIG` from `env`; unset or blank is an empty one. One that
+    /// does not parse stops startup with the parser's reason rather than
+    /// being skipped.
+    pub fn read(env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
+        match env("PROXY_CONFIG").filter(|t| !t.trim().is_empty()) {
+            Some(text) => Ok(serde_norway::from_str::<Option<IstioProxyConfig>>(&text)
+                .map_err(|e| anyhow::anyhow!("PROXY_CONFIG is not a readable ProxyConfig: {e}"))?
+                .unwrap_or_default()),
+            None => Ok(IstioProxyConfig::default()),
+        }
+    }
+
+    /// A `proxyMetadata` value as a string; keys may carry ztunnel's
+    /// `ISTIO_META_` prefix, which it strips.
+    fn metadata(&self, key: &str) -> Option<String> {
+        use serde_norway::Value;
+        let value = self
+            .proxy_metadata
+            .get(key)
+            .or_else(|| self.proxy_metadata.get(&format!("ISTIO_META_{key}")))?;
+        match value {
+            Value::String(s) => Some(s.clone()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
 }
 
 /// Proxy metadata as ztunnel reads it: `ISTIO_META_<KEY>` from the
 /// environment first, then `proxyMetadata` of `PROXY_CONFIG`, then the bare
-/// key. A `PROXY_CONFIG` that does not parse stops startup with the
-/// parser's reason rather than being skipped.
+/// key.
 struct Metadata<'e> {
     env: &'e dyn Fn(&str) -> Option<String>,
-    proxy_config: ProxyConfigMetadata,
+    proxy_config: IstioProxyConfig,
 }
 
 impl<'e> Metadata<'e> {
     fn read(env: &'e dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let proxy_config = match env("PROXY_CONFIG").filter(|t| !t.trim().is_empty()) {
-            Some(text) => serde_norway::from_str::<Option<ProxyConfigMetadata>>(&text)
-                .map_err(|e| anyhow::anyhow!("PROXY_CONFIG is not a readable ProxyConfig: {e}"))?
-                .unwrap_or_default(),
-            None => ProxyConfigMetadata::default(),
-        };
+        let proxy_config = IstioProxyConfig::read(env)?;
         Ok(Metadata { env, proxy_config })
     }
 
     fn get(&self, key: &str) -> Option<String> {
         (self.env)(&format!("ISTIO_META_{key}"))
-            .or_else(|| {
-                use serde_norway::Value;
-                match self.proxy_config.proxy_metadata.get(key)? {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Bool(b) => Some(b.to_string()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                }
-            })
+            .or_else(|| self.proxy_config.metadata(key))
             .or_else(|| (self.env)(key))
     }
 }
@@ -677,6 +770,8 @@ impl Args {
             Some(a) => (parse_dns_addr(a)?, is_localhost(a)),
             None => (DEFAULT_DNS_ADDR, true),
         };
+        // IPV6_ENABLED=false: `localhost` is the IPv4 loopback only.
+        let localhost = localhost && self.ipv6_enabled;
         if self.xds_on_demand {
             bail!(
                 "the DNS proxy ({addr}) cannot run with on-demand xDS (XDS_ON_DEMAND): its answers \
@@ -725,7 +820,7 @@ impl Args {
             connect: ConnectOpts {
                 mark: self.mark,
                 timeout: self.connect_timeout,
-                keepalive: (!self.tcp_keepalive.is_zero()).then_some(self.tcp_keepalive),
+                keepalive: self.keepalive(),
             },
             drain_timeout: self.drain_timeout,
             network: self.network.clone(),
@@ -743,6 +838,7 @@ impl Args {
             orig_src: self.orig_src(),
             fast_path: !self.no_fast_path,
             dns: None,
+            response_baggage: !self.no_response_baggage,
             pool: PoolConfig {
                 max_streams: self.pool_max_streams.max(1),
                 idle_timeout: self.pool_idle_timeout,

@@ -2,7 +2,8 @@
 //! load the config, bind listeners, start the control thread and the
 //! per-core executors, then wait for them to drain and stop.
 //!
-//! - [`cli`]: flags and environment, and the settings built from them.
+//! - [`cli`]: flags and environment, and the settings built from them;
+//!   [`ztunnel_env`]: ztunnel's environment variables mapped onto them.
 //! - [`plan`]: which CPUs get an executor, and pinning; [`cgroup`]: the
 //!   cgroup CPU quota and cpuset it reads.
 //! - [`checks`]: what the host must allow (io_uring, locked memory, fds).
@@ -17,6 +18,7 @@ pub mod control;
 pub mod cores;
 pub mod plan;
 pub mod signals;
+pub mod ztunnel_env;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,7 +40,7 @@ use crate::app::checks::{check_io_uring, check_memlock, raise_nofile};
 use crate::app::cli::{Args, DnsPlan};
 use crate::app::control::{CertSourceKind, ConfigSource, Control};
 use crate::app::cores::{start_cores, ClosingOrder, CoreSeed};
-use crate::app::plan::{format_cpus, plan_cores, CorePlan, CpuFacts};
+use crate::app::plan::{allowed_cpu_count, format_cpus, plan_cores, CorePlan, CpuFacts};
 use crate::app::signals::set_termination_signals_blocked;
 use crate::core::ControlHandles;
 use crate::inpod::manager::{InpodManager, InpodSettings, InpodStatus, PodDnsSettings};
@@ -69,7 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     cfg.dns = dns.as_ref().map(|d| d.settings.clone());
 
     // Before the slower steps, so a bad --cores or pinning flag fails fast.
-    let plan = plan_cores(args.cores.as_deref(), &CpuFacts::read(), args.pin_mode()?)?;
+    let plan = plan_executors(&args)?;
     tracing::info!(
         cores = %format_cpu_list(&plan.cpus),
         pinned = plan.pin,
@@ -140,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !socks5.is_empty() {
         specs.push((TrafficPath::Socks5, socks5));
     }
-    let keepalive = (!args.tcp_keepalive.is_zero()).then_some(args.tcp_keepalive);
+    let keepalive = args.keepalive();
     let per_core = bind_all(&specs, plan.cpus.len(), keepalive, false)?;
     // In-pod, the DNS sockets are each pod's, bound at its enrolment.
     let mut dns_per_core = match &dns {
@@ -378,6 +380,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The executors: --cores, else ztunnel's worker threads
+/// (ZTUNNEL_WORKER_THREADS, ProxyConfig concurrency), else ringway's
+/// default, at most ZTUNNEL_CPU_LIMIT of them.
+fn plan_executors(args: &Args) -> anyhow::Result<CorePlan> {
+    let facts = CpuFacts::read();
+    let pin = args.pin_mode()?;
+    if args.cores.is_some() {
+        return plan_cores(args.cores.as_deref(), &facts, pin);
+    }
+    let allowed = allowed_cpu_count(&facts);
+    let (count, how) = match ztunnel_env::worker_count(args, allowed) {
+        Some(w) => {
+            if w.capped {
+                tracing::warn!("ztunnel's worker threads: {}", w.how);
+            }
+            (w.count, format!("ztunnel's worker threads ({})", w.how))
+        }
+        None => {
+            let plan = plan_cores(None, &facts, pin)?;
+            match args.cpu_limit {
+                Some(limit) if limit < plan.cpus.len() => {
+                    (limit, format!("ztunnel's CPU limit of {limit}"))
+                }
+                _ => return Ok(plan),
+            }
+        }
+    };
+    let mut plan = plan_cores(Some(&count.to_string()), &facts, pin)?;
+    plan.cores_reason = format!("{how}: {}", plan.cores_reason);
+    Ok(plan)
+}
+
 /// Notices the ZDS thread ending before shutdown (a panic): no pod can be
 /// added or removed any more, so readiness turns 503 for good and the log
 /// says why; the pods already enrolled stay served.
@@ -436,6 +470,26 @@ fn static_config(
         "pinReason": plan.pin_reason,
         "requireOriginalSource": args.orig_src(),
         "fastPath": !args.no_fast_path,
+        // ztunnel's names for the settings its variables tune.
+        "packetMark": args.mark,
+        "poolMaxStreamsPerConn": args.pool_max_streams,
+        "poolUnusedReleaseTimeout": format!("{:?}", args.pool_idle_timeout),
+        "windowSize": args.h2_stream_window,
+        "connectionWindowSize": args.h2_connection_window,
+        "frameSize": args.h2_max_frame_size,
+        "socketConfig": {
+            "keepaliveEnabled": !args.tcp_keepalive.is_zero(),
+            "keepaliveTime": format!("{:?}", args.tcp_keepalive),
+            "keepaliveInterval": format!("{:?}", args.tcp_keepalive_interval),
+            "keepaliveRetries": args.tcp_keepalive_retries,
+            "userTimeoutEnabled": args.tcp_user_timeout,
+        },
+        "selfTerminationDeadline": format!("{:?}", args.drain_timeout),
+        "secretTtl": format!("{:?}", args.cert_ttl),
+        "socks5Addr": args.socks5_addrs().first().map(|a| a.to_string()),
+        "ipv6Enabled": args.ipv6_enabled,
+        "enableResponseBaggage": !args.no_response_baggage,
+        "cpuLimit": args.cpu_limit,
     })
 }
 
@@ -473,15 +527,20 @@ fn config_source(
             },
         ));
     }
-    let (snapshot, loaded) = match &args.config {
-        Some(path) => {
+    let (snapshot, loaded) = match (&args.config, &args.config_inline) {
+        (None, Some(text)) => {
+            tracing::info!("config from LOCAL_XDS (inline, not watched)");
+            let snapshot = local::load_snapshot(text, "LOCAL_XDS").map_err(|e| anyhow!("{e}"))?;
+            (snapshot, None)
+        }
+        (Some(path), _) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("cannot read config file {}", path.display()))?;
             let snapshot = local::load_snapshot(&text, &path.display().to_string())
                 .map_err(|e| anyhow!("{e}"))?;
             (snapshot, Some(local::ContentDigest::of(text.as_bytes())))
         }
-        None => {
+        (None, None) => {
             tracing::info!(
                 "no --config given: using the embedded default config (examples/local.yaml)"
             );

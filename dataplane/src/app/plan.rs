@@ -183,6 +183,11 @@ pub fn plan_cores(
 
 /// The CPUs this process may use (affinity within the cpuset) and how
 /// that was found, e.g. "affinity 0-7" or "affinity 0-7 ∩ cpuset 0-3 = 0-3".
+/// How many CPUs this process may use (what `--cores` may count up to).
+pub fn allowed_cpu_count(facts: &CpuFacts) -> usize {
+    allowed_of(facts).0.len()
+}
+
 fn allowed_of(facts: &CpuFacts) -> (Vec<usize>, String) {
     let affinity = &facts.affinity;
     let a = format_cpu_list(affinity);

@@ -41,4 +41,7 @@ pub struct ProxyConfig {
     pub fast_path: bool,
     /// The DNS proxy, when it serves.
     pub dns: Option<DnsProxySettings>,
+    /// Inbound HBONE answers carry the destination's `baggage` (ztunnel's
+    /// `ENABLE_RESPONSE_BAGGAGE`): off, peers learn nothing of it.
+    pub response_baggage: bool,
 }

@@ -106,7 +106,7 @@ impl InpodStatus {
 pub struct InpodSettings {
     pub cores: usize,
     pub ports: PodPorts,
-    pub keepalive: Option<Duration>,
+    pub keepalive: Option<crate::io::socket::KeepaliveOpts>,
     /// Cluster id, for Istio's workload uid of a pod.
     pub cluster_id: String,
     /// How long an ack waits for every core to pick a change up.

@@ -87,7 +87,7 @@ const BACKLOG: i32 = 4096;
 pub fn bind_all(
     specs: &[(TrafficPath, Vec<SocketAddr>)],
     cores: usize,
-    keepalive: Option<std::time::Duration>,
+    keepalive: Option<socket::KeepaliveOpts>,
     dual_stack: bool,
 ) -> anyhow::Result<Vec<Vec<BoundListener>>> {
     let mut per_core: Vec<Vec<BoundListener>> = (0..cores).map(|_| Vec::new()).collect();
@@ -207,7 +207,13 @@ mod tests {
     fn accepted_sockets_inherit_the_tcp_options() {
         let specs = vec![(TrafficPath::Inbound, vec!["127.0.0.1:0".parse().unwrap()])];
         let idle = std::time::Duration::from_secs(123);
-        let bound = bind_all(&specs, 1, Some(idle), false).unwrap();
+        let keepalive = socket::KeepaliveOpts {
+            time: idle,
+            interval: std::time::Duration::from_secs(45),
+            retries: 4,
+            user_timeout: true,
+        };
+        let bound = bind_all(&specs, 1, Some(keepalive), false).unwrap();
         let l = &bound[0][0];
         let _client = std::net::TcpStream::connect(l.addr).unwrap();
         let conn = loop {
@@ -221,8 +227,13 @@ mod tests {
         assert!(s.tcp_nodelay().unwrap(), "NODELAY not inherited");
         assert!(s.keepalive().unwrap(), "SO_KEEPALIVE not inherited");
         assert_eq!(s.tcp_keepalive_time().unwrap(), idle);
-        assert_eq!(s.tcp_keepalive_interval().unwrap(), idle);
-        assert_eq!(s.tcp_keepalive_retries().unwrap(), 9);
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), keepalive.interval);
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), 4);
+        // ztunnel's USER_TIMEOUT_ENABLED: idle time plus every probe.
+        assert_eq!(
+            s.tcp_user_timeout().unwrap(),
+            Some(std::time::Duration::from_secs(123 + 4 * 45))
+        );
     }
 
     #[test]

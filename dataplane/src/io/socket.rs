@@ -95,19 +95,50 @@ pub fn accept(listener: BorrowedFd<'_>) -> io::Result<(OwnedFd, Option<SocketAdd
     Ok((conn.into(), to_socket_addr(&peer)))
 }
 
+/// TCP keepalive on proxied sockets, in ztunnel's terms (`KEEPALIVE_TIME`,
+/// `KEEPALIVE_INTERVAL`, `KEEPALIVE_RETRIES`, `USER_TIMEOUT_ENABLED`): an
+/// idle connection through ringway must not look dead to middleboxes, and a
+/// dead peer must eventually be noticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepaliveOpts {
+    /// Idle time before the first probe.
+    pub time: Duration,
+    /// Time between probes.
+    pub interval: Duration,
+    /// Unanswered probes before the connection is dropped.
+    pub retries: u32,
+    /// Also set TCP_USER_TIMEOUT to what keepalive would take to give up,
+    /// so unacknowledged sends give up as soon as an idle peer would.
+    pub user_timeout: bool,
+}
+
+impl KeepaliveOpts {
+    /// TCP_USER_TIMEOUT as ztunnel derives it: idle time plus every probe.
+    pub fn user_timeout_value(&self) -> Duration {
+        self.time
+            .saturating_add(self.interval.saturating_mul(self.retries))
+    }
+}
+
 /// Per-socket TCP options every proxied socket gets: NODELAY (TLS and
 /// request/response traffic crawl without it, stack-notes §3) and keepalive
 /// so dead peers of idle connections are eventually noticed. Set on the
 /// listeners (accepted sockets inherit them) and on each outbound socket.
-pub fn tune_stream(fd: &impl std::os::fd::AsFd, keepalive: Option<Duration>) -> io::Result<()> {
+pub fn tune_stream(
+    fd: &impl std::os::fd::AsFd,
+    keepalive: Option<KeepaliveOpts>,
+) -> io::Result<()> {
     let sock = socket2::SockRef::from(fd);
     sock.set_tcp_nodelay(true)?;
-    if let Some(idle) = keepalive {
+    if let Some(k) = keepalive {
         let ka = TcpKeepalive::new()
-            .with_time(idle)
-            .with_interval(idle)
-            .with_retries(9);
+            .with_time(k.time)
+            .with_interval(k.interval)
+            .with_retries(k.retries);
         sock.set_tcp_keepalive(&ka)?;
+        if k.user_timeout {
+            sock.set_tcp_user_timeout(Some(k.user_timeout_value()))?;
+        }
     }
     Ok(())
 }
@@ -118,7 +149,7 @@ pub struct ConnectOpts {
     /// SO_MARK so redirection rules can skip ringway's own traffic (0 = none).
     pub mark: u32,
     pub timeout: Duration,
-    pub keepalive: Option<Duration>,
+    pub keepalive: Option<KeepaliveOpts>,
 }
 
 /// Connects to `dst` without blocking the core: nonblocking connect, then

@@ -399,7 +399,12 @@ fn tunnel(
 /// (even a local's room) is idle memory.
 fn ok_response(core: &CoreInputs, target: SocketAddr) -> Response<()> {
     let mut resp = Response::builder().status(StatusCode::OK);
-    let baggage = authorization::local_workload(&core.snapshot(), &core.cfg, target.ip())
+    let snapshot = core.snapshot();
+    let baggage = core
+        .cfg
+        .response_baggage
+        .then(|| authorization::local_workload(&snapshot, &core.cfg, target.ip()))
+        .flatten()
         .map(|w| hbone::baggage(w))
         .and_then(|b| http::HeaderValue::try_from(b).ok());
     if let Some(b) = baggage {

@@ -40,5 +40,6 @@ pub use publish::{Closed, Feed, Publisher, SnapshotFeed, SnapshotGuard, Snapshot
 pub use security::ca::{BuiltinCa, CaError, IssuedCert};
 pub use security::certs::{CertFeed, CertPublisher, CertSnapshot};
 pub use security::tls::{
-    build_tls_configs, build_tls_configs_with, peer_identity, TlsConfigs, TlsError, WorkloadCert,
+    build_tls_configs, build_tls_configs_with, build_tls_configs_with_crls, peer_identity,
+    TlsConfigs, TlsError, WorkloadCert,
 };

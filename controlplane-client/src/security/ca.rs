@@ -317,6 +317,17 @@ impl BuiltinCa {
     }
 
     /// When the signing certificate expires.
+    /// The roots, then the signing certificate and its issuers below the
+    /// roots: every CA certificate in this CA's chains, which a CRL from
+    /// one of them must verify against.
+    pub fn ca_certs(&self) -> Vec<CertificateDer<'static>> {
+        let mut certs = self.roots.clone();
+        for pem in &self.intermediates_pem {
+            certs.extend(pki::parse_certs(pem, "intermediate").unwrap_or_default());
+        }
+        certs
+    }
+
     pub fn ca_not_after(&self) -> SystemTime {
         self.ca_not_after
     }
@@ -350,6 +361,39 @@ impl BuiltinCa {
             not_before,
             not_after,
         })
+    }
+
+    /// A CRL signed by this CA's signing certificate (`ca-cert.pem`),
+    /// revoking the certificates with the given serial numbers (big-endian
+    /// bytes, as [`serial_of`] returns them), valid from now for `validity`.
+    /// PEM. The signing certificate must allow `cRLSign` if it lists key
+    /// usages (the generated root does).
+    pub fn issue_crl(
+        &self,
+        revoked: &[Vec<u8>],
+        crl_number: u64,
+        validity: Duration,
+    ) -> Result<String, CaError> {
+        let (this_update, next_update) = validity_from_now(validity)?;
+        let (_, this_update) = to_x509_time(this_update)?;
+        let (_, next_update) = to_x509_time(next_update)?;
+        let params = rcgen::CertificateRevocationListParams {
+            this_update,
+            next_update,
+            crl_number: SerialNumber::from_slice(&crl_number.to_be_bytes()),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|serial| rcgen::RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(serial),
+                    revocation_time: this_update,
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        Ok(params.signed_by(&self.issuer)?.pem()?)
     }
 
     /// Signs a workload's PKCS#10 request (PEM), as istiod's
@@ -763,6 +807,19 @@ fn random_serial() -> Result<SerialNumber, CaError> {
     Ok(SerialNumber::from_slice(&bytes))
 }
 
+/// The serial number of the first certificate in `pem` (big-endian bytes,
+/// as certificates and CRLs carry it): what [`BuiltinCa::issue_crl`] takes.
+pub fn serial_of(pem: &str) -> Result<Vec<u8>, CaError> {
+    let bad = |reason: String| CaError::BadFile {
+        path: PathBuf::from("<certificate>"),
+        reason,
+    };
+    let der = pki::parse_certs(pem, "certificate").map_err(|e| bad(e.to_string()))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der[0])
+        .map_err(|e| bad(format!("unparsable certificate: {e}")))?;
+    Ok(cert.raw_serial().to_vec())
+}
+
 /// Rounds down to whole seconds; returns both representations.
 fn to_x509_time(t: SystemTime) -> Result<(SystemTime, OffsetDateTime), CaError> {
     let secs = t
@@ -881,6 +938,22 @@ mod tests {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let pem = params.self_signed(&key).unwrap().pem();
         TestCa { params, key, pem }
+    }
+
+    /// An intermediate CA signed by `root`, and its key.
+    fn test_intermediate(root: &TestCa, cn: &str) -> (String, KeyPair) {
+        let mut params = ca_params(
+            cn,
+            rcgen::date_time_ymd(2021, 1, 1),
+            rcgen::date_time_ymd(2080, 1, 1),
+        );
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let pem = params
+            .signed_by(&key, &Issuer::from_params(&root.params, &root.key))
+            .unwrap()
+            .pem();
+        (pem, key)
     }
 
     fn write_layout(dir: &Path, ca_cert: &str, ca_key: &str, chain: &str, root: &str) {
@@ -1073,23 +1146,95 @@ mod tests {
         assert!(matches!(err, CaError::Identity { .. }), "{err:?}");
     }
 
+    /// The whole chain is checked: a revoked intermediate (on its root's
+    /// CRL) takes every leaf under it down; a leaf on the intermediate's
+    /// CRL goes alone.
+    #[test]
+    fn crls_apply_to_leaves_and_intermediates() {
+        use crate::security::crl::{CrlSet, CrlStore, Side};
+        let root = test_root("crl root");
+        let (int_pem, int_key) = test_intermediate(&root, "crl intermediate");
+        let tmp = tempfile::tempdir().unwrap();
+        write_layout(
+            tmp.path(),
+            &int_pem,
+            &int_key.serialize_pem(),
+            &format!("{int_pem}{}", root.pem),
+            &root.pem,
+        );
+        let ca = BuiltinCa::load_or_create(tmp.path(), TD).unwrap();
+        let leaf = ca.issue(&id("a", "b"), DEFAULT_CERT_VALIDITY).unwrap();
+        let sibling = ca.issue(&id("a", "c"), DEFAULT_CERT_VALIDITY).unwrap();
+        let roots = pki::root_store(ca.roots().to_vec()).unwrap();
+        let algs = pki::crypto_provider().signature_verification_algorithms.all;
+        let store = CrlStore::new();
+        let check = |cert: &IssuedCert| {
+            let chain = pki::parse_certs(&cert.chain_pem.concat(), "chain").unwrap();
+            store.check(
+                Side::Outbound,
+                &chain[0],
+                &chain[1..],
+                &roots.roots,
+                rustls::pki_types::UnixTime::now(),
+                algs,
+            )
+        };
+        let known: Vec<_> = ca
+            .roots()
+            .iter()
+            .cloned()
+            .chain(pki::parse_certs(&int_pem, "intermediate").unwrap())
+            .collect();
+
+        // The intermediate's CRL revokes one leaf.
+        let by_int = ca
+            .issue_crl(
+                &[serial_of(leaf.leaf_pem()).unwrap()],
+                1,
+                DEFAULT_CERT_VALIDITY,
+            )
+            .unwrap();
+        store.install(CrlSet::parse(by_int.clone().into_bytes(), &known).unwrap());
+        let revoked = rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked);
+        assert_eq!(check(&leaf), Err(revoked.clone()));
+        assert_eq!(check(&sibling), Ok(()));
+
+        // The root's CRL revokes the intermediate: both leaves fall.
+        let root_issuer = Issuer::from_params(&root.params, &root.key);
+        let now = OffsetDateTime::now_utc();
+        let by_root = rcgen::CertificateRevocationListParams {
+            this_update: now,
+            next_update: now + time::Duration::hours(1),
+            crl_number: SerialNumber::from(2u64),
+            issuing_distribution_point: None,
+            revoked_certs: vec![rcgen::RevokedCertParams {
+                serial_number: SerialNumber::from_slice(&serial_of(&int_pem).unwrap()),
+                revocation_time: now,
+                reason_code: None,
+                invalidity_date: None,
+            }],
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&root_issuer)
+        .unwrap()
+        .pem()
+        .unwrap();
+        let empty_by_int = ca.issue_crl(&[], 2, DEFAULT_CERT_VALIDITY).unwrap();
+        let set = CrlSet::parse(format!("{by_root}{empty_by_int}").into_bytes(), &known).unwrap();
+        assert_eq!((set.len(), set.revoked()), (2, 1));
+        store.install(set);
+        assert_eq!(check(&leaf), Err(revoked.clone()));
+        assert_eq!(check(&sibling), Err(revoked));
+        assert_eq!(store.stats().refused_outbound, 3);
+    }
+
     /// Istio's usual plug-in layout: an intermediate signs, cert-chain.pem is
     /// intermediate + root. The key is in SEC1 ("EC PRIVATE KEY") form, as
     /// `openssl ecparam -genkey` writes it.
     #[test]
     fn loads_an_intermediate_ca() {
         let root = test_root("test root");
-        let mut int_params = ca_params(
-            "test intermediate",
-            rcgen::date_time_ymd(2021, 1, 1),
-            rcgen::date_time_ymd(2080, 1, 1),
-        );
-        int_params.use_authority_key_identifier_extension = true;
-        let int_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let int_pem = int_params
-            .signed_by(&int_key, &Issuer::from_params(&root.params, &root.key))
-            .unwrap()
-            .pem();
+        let (int_pem, int_key) = test_intermediate(&root, "test intermediate");
         let sec1 = sec1_from_p256_pkcs8(int_key.serialized_der());
         let key_pem = der_to_pem("EC PRIVATE KEY", &sec1);
 

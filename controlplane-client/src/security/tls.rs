@@ -5,7 +5,9 @@
 //! and never resume sessions, as ztunnel does. The server requires a client
 //! certificate that chains to our roots and carries a SPIFFE ID in our trust
 //! domain. The client checks that the server's chain leads to our roots and
-//! that the leaf names a SPIFFE identity.
+//! that the leaf names a SPIFFE identity. Both sides then refuse a chain with
+//! a certificate on a revocation list ([`crate::security::crl`]), once
+//! `CRL_PATH` has put one in force.
 //!
 //! # The peer-identity contract
 //!
@@ -39,6 +41,7 @@ use x509_parser::extensions::GeneralName;
 
 use crate::model::identity::{Identity, IdentityError};
 use crate::model::Str;
+use crate::security::crl::{CrlStore, Side};
 use crate::security::pki::{crypto_provider, parse_certs, root_store, validity_of, PkiError};
 
 /// The only ALPN protocol HBONE uses.
@@ -181,7 +184,8 @@ pub struct TlsConfigs {
 }
 
 /// Builds both configs for `cert`: TLS 1.3 only, AES-GCM suites, ALPN `h2`, no
-/// resumption or tickets, no SNI.
+/// resumption or tickets, no SNI. Their verifiers check the process-wide
+/// revocation lists ([`CrlStore::global`]).
 pub fn build_tls_configs(cert: &WorkloadCert) -> Result<TlsConfigs, TlsError> {
     build_tls_configs_with(cert, crypto_provider())
 }
@@ -193,6 +197,15 @@ pub fn build_tls_configs_with(
     cert: &WorkloadCert,
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<TlsConfigs, TlsError> {
+    build_tls_configs_with_crls(cert, provider, CrlStore::global().clone())
+}
+
+/// [`build_tls_configs_with`], checking the revocation lists in `crls`.
+pub fn build_tls_configs_with_crls(
+    cert: &WorkloadCert,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    crls: Arc<CrlStore>,
+) -> Result<TlsConfigs, TlsError> {
     let versions = &[&rustls::version::TLS13];
 
     let webpki = WebPkiClientVerifier::builder_with_provider(cert.roots.clone(), provider.clone())
@@ -200,6 +213,9 @@ pub fn build_tls_configs_with(
     let client_verifier = Arc::new(TrustDomainClientVerifier {
         inner: webpki,
         trust_domain: cert.identity.trust_domain.clone(),
+        roots: cert.roots.clone(),
+        algorithms: provider.signature_verification_algorithms,
+        crls: crls.clone(),
     });
     // One parsed key and chain for both directions: a node may hold
     // thousands of identities, and each parsed copy costs ~1 KiB.
@@ -216,6 +232,7 @@ pub fn build_tls_configs_with(
     let server_verifier = Arc::new(SpiffeServerVerifier {
         roots: cert.roots.clone(),
         algorithms: provider.signature_verification_algorithms,
+        crls,
     });
     let mut client = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(versions)?
@@ -280,11 +297,14 @@ fn spiffe_id_of(
 }
 
 /// webpki client-certificate verification, plus: the client's SPIFFE trust
-/// domain must be ours.
+/// domain must be ours, and no certificate of its chain is revoked.
 #[derive(Debug)]
 struct TrustDomainClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     trust_domain: Str,
+    roots: Arc<RootCertStore>,
+    algorithms: WebPkiSupportedAlgorithms,
+    crls: Arc<CrlStore>,
 }
 
 impl ClientCertVerifier for TrustDomainClientVerifier {
@@ -318,6 +338,14 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
             }
             .into_rustls());
         }
+        self.crls.check(
+            Side::Inbound,
+            end_entity,
+            intermediates,
+            &self.roots.roots,
+            now,
+            self.algorithms.all,
+        )?;
         Ok(verified)
     }
 
@@ -344,13 +372,14 @@ impl ClientCertVerifier for TrustDomainClientVerifier {
     }
 }
 
-/// Chain to our roots (with time and serverAuth checks) and a parseable
-/// SPIFFE ID; no host-name check. Which identity is acceptable is decided
-/// per connection by the caller (see the module docs).
+/// Chain to our roots (with time and serverAuth checks), none of it revoked,
+/// and a parseable SPIFFE ID; no host-name check. Which identity is
+/// acceptable is decided per connection by the caller (see the module docs).
 #[derive(Debug)]
 struct SpiffeServerVerifier {
     roots: Arc<RootCertStore>,
     algorithms: WebPkiSupportedAlgorithms,
+    crls: Arc<CrlStore>,
 }
 
 impl ServerCertVerifier for SpiffeServerVerifier {
@@ -367,6 +396,14 @@ impl ServerCertVerifier for SpiffeServerVerifier {
             &leaf,
             &self.roots,
             intermediates,
+            now,
+            self.algorithms.all,
+        )?;
+        self.crls.check(
+            Side::Outbound,
+            end_entity,
+            intermediates,
+            &self.roots.roots,
             now,
             self.algorithms.all,
         )?;
@@ -756,6 +793,7 @@ mod tests {
         let verifier = Arc::new(SpiffeServerVerifier {
             roots: cert.roots.clone(),
             algorithms: provider.signature_verification_algorithms,
+            crls: CrlStore::new(),
         });
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(versions)
@@ -871,5 +909,174 @@ mod tests {
         lying.identity = Identity::new(TD, "a", "c");
         let err = lying.to_workload_cert().unwrap_err();
         assert!(matches!(err, TlsError::IdentityMismatch { .. }), "{err:?}");
+    }
+
+    mod revocation {
+        use super::*;
+        use crate::security::ca::serial_of;
+        use crate::security::crl::{CrlError, CrlSet};
+
+        /// Configs for `ns/sa` that check the revocation lists in `store`,
+        /// and the serial of their certificate.
+        fn revocable(
+            ca: &BuiltinCa,
+            ns: &str,
+            sa: &str,
+            store: &Arc<CrlStore>,
+        ) -> (TlsConfigs, Vec<u8>) {
+            let issued = ca
+                .issue(&Identity::new(TD, ns, sa), DEFAULT_CERT_VALIDITY)
+                .unwrap();
+            let serial = serial_of(issued.leaf_pem()).unwrap();
+            let configs = build_tls_configs_with_crls(
+                &issued.to_workload_cert().unwrap(),
+                crypto_provider(),
+                store.clone(),
+            )
+            .unwrap();
+            (configs, serial)
+        }
+
+        fn install(ca: &BuiltinCa, store: &CrlStore, revoked: &[Vec<u8>]) {
+            let pem = ca.issue_crl(revoked, 1, Duration::from_secs(3600)).unwrap();
+            let set = CrlSet::parse(pem.into_bytes(), ca.roots()).unwrap();
+            assert_eq!(set.revoked(), revoked.len());
+            assert!(set.unverified_issuers().is_empty() && set.stale_issuers().is_empty());
+            store.install(set);
+        }
+
+        fn ok(x: &Exchange) -> bool {
+            x.client_error.is_none() && x.server_error.is_none() && x.client_got_pong
+        }
+
+        fn revoked(e: &rustls::Error) -> bool {
+            *e == rustls::Error::InvalidCertificate(CertificateError::Revoked)
+        }
+
+        #[test]
+        fn revoked_peers_are_refused_in_both_directions() {
+            let tmp = tempfile::tempdir().unwrap();
+            let ca = ca(tmp.path(), TD);
+            let store = CrlStore::new();
+            let (server, server_serial) = revocable(&ca, "shop", "server", &store);
+            let (client, client_serial) = revocable(&ca, "web", "client", &store);
+            let (other, _) = revocable(&ca, "web", "other", &store);
+            assert!(ok(&exchange(client.client.clone(), server.server.clone())));
+
+            // The client's certificate revoked: the server refuses it.
+            install(&ca, &store, std::slice::from_ref(&client_serial));
+            let x = exchange(client.client.clone(), server.server.clone());
+            assert_rejected(&x, "server", revoked, AlertDescription::CertificateRevoked);
+            assert!(
+                ok(&exchange(other.client.clone(), server.server.clone())),
+                "a certificate not on the CRL is accepted"
+            );
+            // The revoked client still accepts a good server's certificate:
+            // its own revocation is not its verifier's business.
+            assert_eq!(store.stats().refused_inbound, 1);
+            assert_eq!(store.stats().refused_outbound, 0);
+
+            // The server's certificate revoked: the client refuses it.
+            install(&ca, &store, &[server_serial]);
+            let x = exchange(other.client.clone(), server.server.clone());
+            assert_rejected(&x, "client", revoked, AlertDescription::CertificateRevoked);
+            assert!(
+                ok(&exchange(client.client.clone(), other.server.clone())),
+                "a new CRL replaces the old one: the client is no longer revoked"
+            );
+            let stats = store.stats();
+            assert_eq!((stats.refused_inbound, stats.refused_outbound), (1, 1));
+            assert_eq!((stats.reloads_ok, stats.crls, stats.revoked), (2, 1, 1));
+            assert!(stats.last_reload > 0);
+        }
+
+        #[test]
+        fn certificates_from_an_issuer_without_a_crl_are_accepted() {
+            let tmp = tempfile::tempdir().unwrap();
+            let ours = ca(&tmp.path().join("ours"), TD);
+            let other = ca(&tmp.path().join("other"), TD);
+            let store = CrlStore::new();
+            let (server, _) = revocable(&ours, "shop", "server", &store);
+            let (client, _) = revocable(&ours, "web", "client", &store);
+            // A CRL from another CA (same subject name, other key), loaded
+            // without knowing that CA: it names our root as issuer, so at
+            // the handshake its signature fails against our root's key and
+            // the handshake is refused (closed), as a forged CRL must be.
+            let forged = other.issue_crl(&[], 1, Duration::from_secs(3600)).unwrap();
+            let set = CrlSet::parse(forged.clone().into_bytes(), &[]).unwrap();
+            assert_eq!(set.unverified_issuers().len(), 1);
+            store.install(set);
+            // (The client, sharing the store, refuses first: the server's
+            // certificate comes from the same root.)
+            let x = exchange(client.client.clone(), server.server.clone());
+            let err = x.client_error.as_ref().expect("client must refuse");
+            assert_eq!(
+                *err,
+                rustls::Error::InvalidCertRevocationList(
+                    rustls::CertRevocationListError::BadSignature
+                )
+            );
+            // Known at load, the same CRL is refused there.
+            let err = CrlSet::parse(forged.into_bytes(), ours.roots()).unwrap_err();
+            assert!(
+                matches!(err, CrlError::BadSignature { index: 0, .. }),
+                "{err:?}"
+            );
+            assert!(
+                err.to_string()
+                    .contains("does not verify with the issuer's key"),
+                "{err}"
+            );
+
+            // A CRL whose issuer is in no chain we see changes nothing.
+            let mut params = rcgen::CertificateParams::default();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "elsewhere");
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let issuer = rcgen::Issuer::new(params, key);
+            let now = time::OffsetDateTime::now_utc();
+            let crl = rcgen::CertificateRevocationListParams {
+                this_update: now,
+                next_update: now + time::Duration::hours(1),
+                crl_number: rcgen::SerialNumber::from(7u64),
+                issuing_distribution_point: None,
+                revoked_certs: vec![],
+                key_identifier_method: rcgen::KeyIdMethod::Sha256,
+            }
+            .signed_by(&issuer)
+            .unwrap();
+            store.install(CrlSet::parse(crl.der().to_vec(), ours.roots()).unwrap());
+            assert!(ok(&exchange(client.client.clone(), server.server.clone())));
+        }
+
+        #[test]
+        fn one_file_holds_several_crls_pem_or_der() {
+            let tmp = tempfile::tempdir().unwrap();
+            let a = ca(&tmp.path().join("a"), TD);
+            let b = ca(&tmp.path().join("b"), "b.domain");
+            let pa = a
+                .issue_crl(&[vec![1, 2, 3]], 1, Duration::from_secs(60))
+                .unwrap();
+            let pb = b
+                .issue_crl(&[vec![4], vec![5]], 2, Duration::from_secs(60))
+                .unwrap();
+            let set = CrlSet::parse(format!("{pa}\n{pb}").into_bytes(), &[]).unwrap();
+            assert_eq!((set.len(), set.revoked()), (2, 3));
+            let der = |p: &str| {
+                rustls::pki_types::CertificateRevocationListDer::from_pem_slice(p.as_bytes())
+                    .unwrap()
+            };
+            let mut both = der(&pa).to_vec();
+            both.extend_from_slice(&der(&pb));
+            let set = CrlSet::parse(both.clone(), &[]).unwrap();
+            assert_eq!((set.len(), set.revoked()), (2, 3));
+            both.truncate(both.len() - 1);
+            assert!(matches!(
+                CrlSet::parse(both, &[]),
+                Err(CrlError::Parse { index: 1, .. })
+            ));
+        }
     }
 }

@@ -396,6 +396,14 @@ pub struct Args {
     #[arg(long, env = "CA_ROOT_CA")]
     pub ca_root_ca: Option<PathBuf>,
 
+    /// Certificate revocation lists (one PEM or DER file, one or more
+    /// CRLs), as ztunnel's CRL_PATH: HBONE peers whose certificate or
+    /// intermediate is listed are refused, both ways. Reloaded when the
+    /// file changes; a file that does not load is a startup error, and
+    /// later keeps the last good CRLs.
+    #[arg(long, env = "CRL_PATH")]
+    pub crl_path: Option<PathBuf>,
+
     /// File with the JWT sent as `authorization: Bearer` to xDS and the CA
     /// (re-read on every connect).
     #[arg(long, env = "AUTH_TOKEN")]

@@ -16,6 +16,7 @@ use ringway_controlplane::security::certmanager::{
     BuiltinCaSource, CertManager, CertManagerConfig, CertRequests, CertSource,
 };
 use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
+use ringway_controlplane::security::crl::{self, CrlStore};
 use ringway_controlplane::sources::local;
 use ringway_controlplane::sources::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
 use ringway_controlplane::SnapshotPublisher;
@@ -25,6 +26,10 @@ use crate::inpod::manager::InpodStatus;
 use crate::telemetry::admin::Admin;
 use crate::telemetry::http::{serve_http, Answer, PROMETHEUS, TEXT};
 use crate::telemetry::metrics::{MetricsHub, ProcessStats};
+
+/// How often the control thread looks for a new `CRL_PATH` file (its
+/// modification time, size and inode; the content when one changed).
+const CRL_POLL: Duration = Duration::from_secs(1);
 
 /// Where workloads, services and policies come from.
 pub enum ConfigSource {
@@ -53,6 +58,9 @@ pub enum CertSourceKind {
 pub struct Control {
     pub source: ConfigSource,
     pub certs: CertSourceKind,
+    /// `CRL_PATH` (already loaded) to watch, and the CA certificates its
+    /// CRLs' signatures are checked against on reload.
+    pub crl: Option<(PathBuf, Vec<rustls_pki_types::CertificateDer<'static>>)>,
     pub snapshots: SnapshotPublisher,
     pub cert_publisher: CertPublisher,
     pub node: Option<String>,
@@ -148,6 +156,15 @@ impl Control {
                 }
             },
         };
+
+        if let Some((path, known)) = self.crl {
+            tokio::spawn(crl::watch(
+                path,
+                CRL_POLL,
+                CrlStore::global().clone(),
+                known,
+            ));
+        }
 
         // Readiness: the config source has delivered, and cores listen.
         let mut xds_status = None;

@@ -30,6 +30,8 @@ use anyhow::{anyhow, Context};
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::caclient::CaClientConfig;
 use ringway_controlplane::security::certs::{self, CertPublisher};
+use ringway_controlplane::security::crl::{self, CrlSet, CrlStore};
+use ringway_controlplane::security::pki;
 use ringway_controlplane::sources::local;
 use ringway_controlplane::sources::xds::{on_demand_channel, NodeInfo, OnDemandSender, XdsConfig};
 use ringway_controlplane::SnapshotPublisher;
@@ -114,6 +116,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 ca,
                 ttl: args.cert_ttl,
             }
+        }
+    };
+
+    // Revocation lists (CRL_PATH): in force before any core handshakes. A
+    // file that does not load stops startup (fail closed); the control
+    // thread then reloads it on change.
+    let crl = match &args.crl_path {
+        None => None,
+        Some(path) => {
+            let known = match &cert_source {
+                CertSourceKind::Builtin { ca, .. } => ca.ca_certs(),
+                CertSourceKind::IstioCa(_) => args
+                    .ca_root_ca
+                    .as_deref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .and_then(|pem| pki::parse_certs(&pem, "CA roots").ok())
+                    .unwrap_or_default(),
+            };
+            let set = CrlSet::load(path, &known)
+                .with_context(|| format!("CRL_PATH: cannot load {}", path.display()))?;
+            crl::log_loaded(path, &set, "loaded the CRL file");
+            CrlStore::global().install(set);
+            Some((path.clone(), known))
         }
     };
 
@@ -238,6 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Control {
         source,
         certs: cert_source,
+        crl,
         snapshots: publisher.clone(),
         cert_publisher: cert_publisher.clone(),
         node: args.node_name.clone(),

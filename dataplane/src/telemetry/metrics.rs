@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringway_controlplane::model::{Service, Workload};
+use ringway_controlplane::security::crl::{CrlStats, CrlStore};
 
 use crate::io::count::Counter;
 use crate::telemetry::dns_metrics::{CoreDnsMetrics, DnsHub};
@@ -603,7 +604,58 @@ impl MetricsHub {
         for (i, s) in cores.iter().enumerate() {
             s.propagation.render(&mut out, name, i);
         }
+        render_crl(&mut out, &CrlStore::global().stats());
         out
+    }
+}
+
+/// The revocation series, once `CRL_PATH` has loaded: ztunnel's refusal
+/// counter (per reporter: `destination` refused a client certificate on
+/// inbound HBONE, `source` a server certificate on outbound), and ringway's
+/// reload health.
+fn render_crl(out: &mut String, s: &CrlStats) {
+    if !s.loaded {
+        return;
+    }
+    let name = "istio_crl_policy_rejections_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Handshakes refused because a peer certificate in the chain is revoked (or its CRL does not verify).\n# TYPE {name} counter"
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{reporter=\"destination\"}} {}",
+        s.refused_inbound
+    );
+    let _ = writeln!(out, "{name}{{reporter=\"source\"}} {}", s.refused_outbound);
+    let name = "ringway_crl_reloads_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Loads of the CRL file (the one at startup included), by result; an error keeps the last good CRLs.\n# TYPE {name} counter"
+    );
+    let _ = writeln!(out, "{name}{{result=\"ok\"}} {}", s.reloads_ok);
+    let _ = writeln!(out, "{name}{{result=\"error\"}} {}", s.reloads_error);
+    for (name, help, v) in [
+        (
+            "ringway_crl_revoked_certificates",
+            "Revoked serial numbers in the CRLs in force",
+            s.revoked as u64,
+        ),
+        (
+            "ringway_crl_lists",
+            "CRLs in force (one per issuer, usually)",
+            s.crls as u64,
+        ),
+        (
+            "ringway_crl_last_reload_timestamp_seconds",
+            "When the CRLs in force were loaded (Unix seconds)",
+            s.last_reload,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}.\n# TYPE {name} gauge\n{name} {v}"
+        );
     }
 }
 
@@ -780,6 +832,37 @@ fn render_labels(out: &mut String, l: &ConnLabels<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crl_series_show_once_a_crl_is_loaded() {
+        let mut out = String::new();
+        render_crl(&mut out, &CrlStats::default());
+        assert!(out.is_empty(), "no CRL_PATH, no series: {out}");
+        let stats = CrlStats {
+            loaded: true,
+            crls: 2,
+            revoked: 5,
+            reloads_ok: 3,
+            reloads_error: 1,
+            last_reload: 1_800_000_000,
+            refused_inbound: 7,
+            refused_outbound: 4,
+        };
+        render_crl(&mut out, &stats);
+        for line in [
+            "# TYPE istio_crl_policy_rejections_total counter",
+            "istio_crl_policy_rejections_total{reporter=\"destination\"} 7",
+            "istio_crl_policy_rejections_total{reporter=\"source\"} 4",
+            "ringway_crl_reloads_total{result=\"ok\"} 3",
+            "ringway_crl_reloads_total{result=\"error\"} 1",
+            "# TYPE ringway_crl_revoked_certificates gauge",
+            "ringway_crl_revoked_certificates 5",
+            "ringway_crl_lists 2",
+            "ringway_crl_last_reload_timestamp_seconds 1800000000",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing in:\n{out}");
+        }
+    }
 
     fn workload(name: &str) -> Workload {
         Workload {

@@ -66,6 +66,19 @@ impl Nodes {
     /// [`new`](Self::new) with another mesh config (both ringways watch
     /// the one file: see [`set_config`](Self::set_config)).
     pub fn with_config(tag: &str, config: &str, with_b: bool, extra: &[&str]) -> Nodes {
+        Self::with_setup(tag, config, with_b, extra, |_| Vec::new())
+    }
+
+    /// [`with_config`](Self::with_config), running `setup` in the test's
+    /// directory before any ringway starts (the CA directory is `ca` in
+    /// it); the arguments it returns are added to both ringways'.
+    pub fn with_setup(
+        tag: &str,
+        config: &str,
+        with_b: bool,
+        extra: &[&str],
+        setup: impl FnOnce(&Path) -> Vec<String>,
+    ) -> Nodes {
         let a = NetNs::new(&format!("{tag}a"));
         let b = NetNs::new(&format!("{tag}b"));
         let (ia, ib) = super::veth(&a, CLIENT_IP, &b, SERVER_IP);
@@ -79,6 +92,7 @@ impl Nodes {
         let dir = tempfile::tempdir().unwrap();
         let cfg = super::write_config(dir.path(), "mesh.yaml", config);
         let ca = dir.path().join("ca");
+        let more = setup(dir.path());
         let mut nodes = Nodes {
             a,
             b,
@@ -110,6 +124,7 @@ impl Nodes {
             .map(|s| s.to_string())
             .collect();
             v.extend(extra.iter().map(|s| s.to_string()));
+            v.extend(more.iter().cloned());
             v
         };
         let a_args = args("node-a");

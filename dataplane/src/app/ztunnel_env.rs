@@ -153,12 +153,7 @@ pub const ZTUNNEL_VARS: &[ZtunnelVar] = &[
     warned("LOCALHOST_APP_TUNNEL", &["true"], "ringway has no switch for it."),
     honoured("ENABLE_RESPONSE_BAGGAGE", "`--no-response-baggage`", "Default true."),
     honoured("UNSTABLE_ENABLE_SOCKS5", "`--socks5`", "127.0.0.1:15080."),
-    ZtunnelVar {
-        name: "CRL_PATH",
-        handling: Handling::Elsewhere,
-        ringway: "see issue 24 revocation",
-        note: "Certificate revocation, done separately.",
-    },
+    honoured("CRL_PATH", "`--crl-path`", "One PEM or DER file of one or more CRLs, reloaded on change; a file that does not load stops startup, later keeps the last good CRLs. Open connections of a newly revoked peer are not closed (ztunnel closes them)."),
     refused("TLS12_ENABLED", &["false"], "ringway's HBONE is TLS 1.3 only."),
     refused("COMPLIANCE_POLICY", &[], "ringway cannot restrict itself to a compliance policy (e.g. `pqc`)."),
     warned("AUTHZ_POLICY_INFO_LOGGING", &["false"], "ringway logs authorization decisions at debug level only."),

@@ -2,7 +2,7 @@
 //! TLS configs per local identity, handed over like the configuration
 //! snapshot ([`CertPublisher`] on the control thread, [`CertFeed`] on the
 //! cores), plus the helpers around it: startup issuance ([`issue_all`]),
-//! which identities a node needs ([`wanted_identities`]) and when to renew
+//! which identities a node prefetches ([`LocalWorkloads`], [`local_identities`]) and when to renew
 //! ([`refresh_at`]). The certificate manager that keeps a node's snapshot
 //! current is built on these; this module does not depend on it.
 

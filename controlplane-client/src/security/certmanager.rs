@@ -5,9 +5,12 @@
 //!
 //! It runs as one task on the control thread's tokio runtime:
 //!
-//! - **Prefetch.** Identities of the workloads on this node (`node ==` the
-//!   configured node name; every workload when unset) are fetched ahead of
-//!   need at [`Priority::Prefetch`].
+//! - **Prefetch.** Identities of the workloads on this node are fetched
+//!   ahead of need at [`Priority::Prefetch`]: `node ==` the configured node
+//!   name, or, when the caller follows them with
+//!   [`follow_local`](CertManager::follow_local), the [`LocalWorkloads`] it
+//!   publishes (without a node name: those at this host's addresses, or
+//!   the enrolled pods). With neither, every workload.
 //! - **Requests from cores.** A core that finds no certificate for an
 //!   identity sends it on [`CertRequests`]; the identity becomes
 //!   [`Priority::Urgent`] and jumps the queue. [`wait_for_cert`] does that
@@ -24,7 +27,10 @@
 //!   a still-valid certificate keeps being served until it expires.
 //! - **Forgetting.** An identity no workload on this node has any more, and
 //!   that no core asked for within
-//!   [`request_linger`](CertManagerConfig::request_linger), is dropped.
+//!   [`request_linger`](CertManagerConfig::request_linger), is dropped. One
+//!   fetched on demand is kept another linger while connections still use
+//!   it (cores set its [`UseMark`](crate::security::tls::UseMark)), so a
+//!   busy remote identity is not dropped and fetched again every linger.
 //! - **Publishing.** A new [`CertSnapshot`] goes out whenever the set of
 //!   served certificates changes (added, renewed, expired or dropped).
 //!
@@ -48,7 +54,7 @@ use crate::model::identity::Identity;
 use crate::publish::SnapshotFeed;
 use crate::security::ca::{BuiltinCa, CaError};
 use crate::security::certs::{
-    refresh_at, wanted_identities, CertFeed, CertPublisher, CertSnapshot,
+    local_identities, refresh_at, CertFeed, CertPublisher, CertSnapshot, LocalWorkloads,
 };
 use crate::security::tls::{build_tls_configs, TlsConfigs, WorkloadCert};
 
@@ -172,7 +178,7 @@ pub type CertRequests = mpsc::UnboundedSender<Identity>;
 #[derive(Debug, Clone)]
 pub struct CertManagerConfig {
     /// Prefetch the identities of workloads on this node; `None`: of every
-    /// workload.
+    /// workload, unless [`CertManager::follow_local`] says which are local.
     pub node: Option<String>,
     /// Fetches in flight at once (ztunnel: 8).
     pub max_concurrent_fetches: usize,
@@ -244,6 +250,7 @@ pub struct CertManager<S> {
     requests_tx: CertRequests,
     requests_rx: mpsc::UnboundedReceiver<Identity>,
     statuses: watch::Sender<CertStatuses>,
+    local: Option<watch::Receiver<LocalWorkloads>>,
 }
 
 impl<S: CertSource> CertManager<S> {
@@ -265,7 +272,16 @@ impl<S: CertSource> CertManager<S> {
             requests_tx,
             requests_rx,
             statuses,
+            local: None,
         }
+    }
+
+    /// Prefetches the identities of the workloads `local` names, following
+    /// its changes, instead of going by [`CertManagerConfig::node`]. Once
+    /// its sender is gone, the last value stays.
+    pub fn follow_local(mut self, local: watch::Receiver<LocalWorkloads>) -> CertManager<S> {
+        self.local = Some(local);
+        self
     }
 
     /// The handle cores use to ask for certificates.
@@ -286,11 +302,19 @@ impl<S: CertSource> CertManager<S> {
         let mut fetches: JoinSet<Result<WorkloadCert, CertFetchError>> = JoinSet::new();
         let mut in_flight: HashMap<tokio::task::Id, Identity> = HashMap::new();
         let mut workloads_changed = true;
+        let by_node = match &self.config.node {
+            Some(n) => LocalWorkloads::Node(n.clone()),
+            None => LocalWorkloads::All,
+        };
+        let mut local = self.local.take();
         loop {
             let now = SystemTime::now();
             if workloads_changed {
-                let wanted =
-                    wanted_identities(&self.workloads.current(), self.config.node.as_deref());
+                let snapshot = self.workloads.current();
+                let wanted = match &local {
+                    Some(l) => local_identities(&snapshot, &l.borrow()),
+                    None => local_identities(&snapshot, &by_node),
+                };
                 state.set_wanted(&wanted, now);
                 workloads_changed = false;
             }
@@ -333,6 +357,7 @@ impl<S: CertSource> CertManager<S> {
                     }
                     workloads_changed = true;
                 }
+                () = local_changed(&mut local) => workloads_changed = true,
                 Some(id) = self.requests_rx.recv() => state.request(id, SystemTime::now()),
                 Some(done) = fetches.join_next_with_id(), if !fetches.is_empty() => {
                     state.finish(fetch_outcome(done, &mut in_flight), SystemTime::now());
@@ -359,6 +384,17 @@ fn fetch_outcome(
             Some((id, Err(CertFetchError::transient(error))))
         }
     }
+}
+
+/// Completes when the local workloads change; never once their sender is
+/// gone (the last value stays) or when there is nothing to follow.
+async fn local_changed(local: &mut Option<watch::Receiver<LocalWorkloads>>) {
+    if let Some(rx) = local {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 async fn sleep_or_forever(duration: Option<Duration>) {
@@ -604,12 +640,20 @@ impl State {
             }
         }
         let linger = self.request_linger;
-        let forgotten: Vec<Identity> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| !e.on_node && e.requested_at.is_none_or(|t| t + linger <= now))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let mut forgotten = Vec::new();
+        for (id, e) in &mut self.entries {
+            if e.on_node || e.requested_at.is_some_and(|t| t + linger > now) {
+                continue;
+            }
+            // Fetched on demand, its linger is over, but connections used
+            // it since: they will again, keep it (the cores ask only when
+            // they have none, so their use is the only sign).
+            if e.requested_at.is_some() && e.cert.as_ref().is_some_and(|c| c.used.take()) {
+                e.requested_at = Some(now);
+                continue;
+            }
+            forgotten.push(id.clone());
+        }
         for id in forgotten {
             let entry = self.entries.remove(&id).expect("listed above");
             self.queue.remove(&id);
@@ -923,6 +967,99 @@ mod tests {
             .await
             .expect("manager stops when the workload feed closes")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn manager_follows_the_local_workloads_it_is_given() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = Arc::new(BuiltinCa::load_or_create(tmp.path(), TD).unwrap());
+        let workloads = SnapshotPublisher::new();
+        workloads.publish(snapshot(vec![
+            workload("w1", "10.0.0.1", "", "a", "x"),
+            workload("w2", "10.0.0.2", "", "b", "y"),
+            workload("w3", "10.0.0.3", "", "c", "z"),
+        ]));
+        let at = |ips: &[&str]| LocalWorkloads::hosted([], ips.iter().map(|i| i.parse().unwrap()));
+        let (local, local_rx) = watch::channel(at(&["10.0.0.1"]));
+        let certs = CertPublisher::new();
+        let mut feed = certs.subscribe();
+        let source = Arc::new(BuiltinCaSource::new(ca, DEFAULT_VALIDITY_FOR_TESTS));
+        let manager = CertManager::new(
+            source,
+            workloads.subscribe(),
+            certs.clone(),
+            CertManagerConfig::default(),
+        )
+        .follow_local(local_rx);
+        let requests = manager.requests();
+        let task = tokio::spawn(manager.run());
+        let (ax, by, cz) = (
+            "spiffe://cluster.local/ns/a/sa/x".to_owned(),
+            "spiffe://cluster.local/ns/b/sa/y".to_owned(),
+            "spiffe://cluster.local/ns/c/sa/z".to_owned(),
+        );
+
+        // Only the workload at a local address, not the whole mesh.
+        let first = wait_for(&mut feed, |s| !s.is_empty()).await;
+        assert_eq!(ids(&first), BTreeSet::from([ax.clone()]));
+        // An address assigned to the host later: its workload is prefetched.
+        local.send_replace(at(&["10.0.0.1", "10.0.0.2"]));
+        wait_for(&mut feed, |s| {
+            ids(s) == BTreeSet::from([ax.clone(), by.clone()])
+        })
+        .await;
+        // A remote identity a connection asks for is fetched on demand and
+        // kept beside them.
+        requests.send(Identity::new(TD, "c", "z")).unwrap();
+        wait_for(&mut feed, |s| s.len() == 3).await;
+        // The first address goes away: its identity is dropped (nobody
+        // asked for it); the one asked for stays for its linger.
+        local.send_replace(at(&["10.0.0.2"]));
+        let last = wait_for(&mut feed, |s| s.len() == 2).await;
+        assert_eq!(ids(&last), BTreeSet::from([by, cz]));
+
+        drop(workloads);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("manager stops when the workload feed closes")
+            .unwrap();
+    }
+
+    #[test]
+    fn a_certificate_fetched_on_demand_stays_while_connections_use_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = BuiltinCa::load_or_create(tmp.path(), TD).unwrap();
+        let config = CertManagerConfig::default();
+        let linger = config.request_linger;
+        let t0 = SystemTime::now();
+        let mut state = State::new(&config, &CertSnapshot::empty(), t0);
+        state.set_wanted(&BTreeSet::from([id("local")]), t0);
+        state.request(id("remote"), t0);
+        state.enqueue_due(t0);
+        while let Some(next) = state.start_next(t0) {
+            let cert = ca.issue(&next, Duration::from_secs(86400)).unwrap();
+            state.finish(Some((next, Ok(cert.to_workload_cert().unwrap()))), t0);
+        }
+        assert_eq!(state.served().count(), 2);
+        let remote = |s: &State| s.entries.get(&id("remote")).and_then(|e| e.cert.clone());
+
+        // Used before its linger ends: kept another linger.
+        remote(&state).unwrap().used.mark();
+        state.certs_changed = false;
+        state.expire_and_forget(t0 + linger);
+        assert!(remote(&state).is_some());
+        assert!(!state.certs_changed);
+        assert_eq!(state.next_wake(), Some(t0 + linger + linger));
+        // Then unused for a whole linger: dropped; the local one stays,
+        // used or not.
+        state.expire_and_forget(t0 + linger + linger - Duration::from_secs(1));
+        assert!(remote(&state).is_some());
+        state.expire_and_forget(t0 + linger + linger);
+        assert!(remote(&state).is_none());
+        assert!(state.certs_changed);
+        assert!(state.entries[&id("local")].cert.is_some());
+        state.expire_and_forget(t0 + linger * 10);
+        assert!(state.entries[&id("local")].cert.is_some());
     }
 
     const DEFAULT_VALIDITY_FOR_TESTS: Duration = Duration::from_secs(3600);

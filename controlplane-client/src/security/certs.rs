@@ -2,18 +2,19 @@
 //! TLS configs per local identity, handed over like the configuration
 //! snapshot ([`CertPublisher`] on the control thread, [`CertFeed`] on the
 //! cores), plus the helpers around it: startup issuance ([`issue_all`]),
-//! which identities a node needs ([`wanted_identities`]) and when to renew
+//! which identities a node prefetches ([`LocalWorkloads`], [`local_identities`]) and when to renew
 //! ([`refresh_at`]). The certificate manager that keeps a node's snapshot
 //! current is built on these; this module does not depend on it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::model::identity::Identity;
 use crate::model::snapshot::Snapshot;
-use crate::model::TunnelProtocol;
+use crate::model::{TunnelProtocol, Workload};
 use crate::publish::{sealed, Feed, Published, Publisher};
 use crate::security::ca::{BuiltinCa, CaError, CLOCK_SKEW_ALLOWANCE};
 use crate::security::tls::{build_tls_configs, TlsConfigs, TlsError};
@@ -143,12 +144,77 @@ pub fn issue_all(
 /// workloads whose `node` is `node` (every node when `None`). A TCP
 /// (non-mesh) workload neither serves HBONE nor sends through ringway, so
 /// it gets none, as in ztunnel; a certificate that turns out to be needed
-/// anyway is still fetched on first use.
+/// anyway is still fetched on first use. ringway itself decides with
+/// [`local_identities`], which knows the host's workloads without a node
+/// name; this stays for tools that want every identity.
 pub fn wanted_identities(snapshot: &Snapshot, node: Option<&str>) -> BTreeSet<Identity> {
+    let local = match node {
+        Some(n) => LocalWorkloads::Node(n.to_owned()),
+        None => LocalWorkloads::All,
+    };
+    local_identities(snapshot, &local)
+}
+
+/// Which workloads are this node's own: their certificates are fetched
+/// ahead of need (prefetch) and readiness waits for them. Any other
+/// identity is fetched when a connection first needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalWorkloads {
+    /// Every workload (tools; tests).
+    All,
+    /// Those whose `node` is this name (`--node-name`), as ztunnel does.
+    Node(String),
+    /// Without a node name, those ringway can see are here: a workload
+    /// with one of these uids, or with one of these addresses. Node-level
+    /// mode passes the host's interface addresses; in-pod mode the
+    /// enrolled pods' workload uids and addresses.
+    Hosted {
+        uids: BTreeSet<String>,
+        addrs: BTreeSet<IpAddr>,
+    },
+}
+
+impl LocalWorkloads {
+    /// The workloads at `addrs` (and `uids`). Loopback, unspecified and
+    /// IPv6 link-local addresses are left out: every host has them, so
+    /// they name no workload of this one.
+    pub fn hosted(
+        uids: impl IntoIterator<Item = String>,
+        addrs: impl IntoIterator<Item = IpAddr>,
+    ) -> LocalWorkloads {
+        let workload_addr = |ip: &IpAddr| {
+            !ip.is_loopback()
+                && !ip.is_unspecified()
+                && !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+        };
+        LocalWorkloads::Hosted {
+            uids: uids.into_iter().collect(),
+            addrs: addrs.into_iter().filter(workload_addr).collect(),
+        }
+    }
+
+    /// Whether `w` is one of this node's workloads (protocol aside).
+    pub fn includes(&self, w: &Workload) -> bool {
+        match self {
+            LocalWorkloads::All => true,
+            LocalWorkloads::Node(n) => *w.node == **n,
+            LocalWorkloads::Hosted { uids, addrs } => {
+                uids.contains(&*w.uid) || w.addresses.iter().any(|a| addrs.contains(a))
+            }
+        }
+    }
+}
+
+/// The identities of this node's HBONE workloads (see [`LocalWorkloads`]):
+/// the certificates prefetched, and the ones readiness waits for. A TCP
+/// (non-mesh) workload neither serves HBONE nor sends through ringway, so
+/// it gets none, as in ztunnel; a certificate that turns out to be needed
+/// anyway is still fetched on first use.
+pub fn local_identities(snapshot: &Snapshot, local: &LocalWorkloads) -> BTreeSet<Identity> {
     snapshot
         .workloads()
         .filter(|w| w.protocol == TunnelProtocol::Hbone)
-        .filter(|w| node.is_none_or(|n| w.node == n))
+        .filter(|w| local.includes(w))
         .map(|w| w.identity())
         .collect()
 }
@@ -190,7 +256,6 @@ const _: fn() = || {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::Workload;
 
     pub(crate) const TD: &str = "cluster.local";
 
@@ -285,5 +350,160 @@ pub(crate) mod tests {
         );
         assert_eq!(wanted_identities(&snap, None).len(), 3);
         assert!(wanted_identities(&snap, Some("n3")).is_empty());
+    }
+
+    #[test]
+    fn which_workloads_are_local() {
+        let on = |uid: &str, ips: &[&str], node: &str| Workload {
+            addresses: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            ..workload(uid, "10.9.9.9", node, "ns", uid)
+        };
+        let host = |uids: &[&str], ips: &[&str]| {
+            LocalWorkloads::hosted(
+                uids.iter().map(|u| u.to_string()),
+                ips.iter().map(|ip| ip.parse().unwrap()),
+            )
+        };
+        let node = |n: &str| LocalWorkloads::Node(n.into());
+        // (case, who is local, the workload, local?)
+        let table = [
+            (
+                "all: any node",
+                LocalWorkloads::All,
+                on("w", &["10.0.0.1"], "n2"),
+                true,
+            ),
+            (
+                "all: no address",
+                LocalWorkloads::All,
+                on("w", &[], ""),
+                true,
+            ),
+            (
+                "node: same node",
+                node("n1"),
+                on("w", &["10.0.0.1"], "n1"),
+                true,
+            ),
+            (
+                "node: other node",
+                node("n1"),
+                on("w", &["10.0.0.1"], "n2"),
+                false,
+            ),
+            (
+                "node: none given by the workload",
+                node("n1"),
+                on("w", &["10.0.0.1"], ""),
+                false,
+            ),
+            (
+                "node: address on the host does not count",
+                node("n1"),
+                on("w", &["10.0.0.1"], "n2"),
+                false,
+            ),
+            (
+                "host: address assigned here",
+                host(&[], &["10.0.0.1", "10.0.0.2"]),
+                on("w", &["10.0.0.2"], "n9"),
+                true,
+            ),
+            (
+                "host: address elsewhere",
+                host(&[], &["10.0.0.1"]),
+                on("w", &["10.0.0.3"], ""),
+                false,
+            ),
+            (
+                "host: dual stack, v6 here",
+                host(&[], &["fd00::7"]),
+                on("w", &["10.0.0.3", "fd00::7"], ""),
+                true,
+            ),
+            (
+                "host: no address",
+                host(&[], &["10.0.0.1"]),
+                on("w", &[], ""),
+                false,
+            ),
+            (
+                "host: an enrolled pod's uid",
+                host(&["uid-a"], &[]),
+                on("uid-a", &["10.0.0.3"], ""),
+                true,
+            ),
+            (
+                "host: another pod's uid",
+                host(&["uid-a"], &[]),
+                on("uid-b", &["10.0.0.3"], ""),
+                false,
+            ),
+            (
+                "host: loopback names no workload",
+                host(&[], &["127.0.0.1", "::1"]),
+                on("w", &["127.0.0.1"], ""),
+                false,
+            ),
+            (
+                "host: unspecified names no workload",
+                host(&[], &["0.0.0.0"]),
+                on("w", &["0.0.0.0"], ""),
+                false,
+            ),
+            (
+                "host: link-local names no workload",
+                host(&[], &["fe80::1"]),
+                on("w", &["fe80::1"], ""),
+                false,
+            ),
+            (
+                "host: node name ignored",
+                host(&[], &[]),
+                on("w", &["10.0.0.1"], "n1"),
+                false,
+            ),
+        ];
+        for (case, local, w, want) in table {
+            assert_eq!(local.includes(&w), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn local_identities_are_hbone_workloads_at_this_host() {
+        let snap = snapshot(vec![
+            workload("w1", "10.0.0.1", "n1", "a", "x"),
+            workload("w2", "10.0.0.2", "n1", "b", "y"),
+            workload("w3", "10.0.0.3", "n2", "a", "x"),
+            Workload {
+                protocol: TunnelProtocol::None,
+                ..workload("w4", "10.0.0.4", "n1", "tcp", "only")
+            },
+        ]);
+        let ids = |local: LocalWorkloads| -> Vec<String> {
+            local_identities(&snap, &local)
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let host =
+            |ips: &[&str]| LocalWorkloads::hosted([], ips.iter().map(|ip| ip.parse().unwrap()));
+        assert_eq!(
+            ids(host(&["10.0.0.3", "192.168.1.1"])),
+            ["spiffe://cluster.local/ns/a/sa/x"]
+        );
+        // Two workloads of one identity: once.
+        assert_eq!(
+            ids(host(&["10.0.0.1", "10.0.0.3"])),
+            ["spiffe://cluster.local/ns/a/sa/x"]
+        );
+        // A TCP workload gets no certificate ahead of need.
+        assert!(ids(host(&["10.0.0.4"])).is_empty());
+        assert!(ids(host(&[])).is_empty());
+        assert_eq!(ids(LocalWorkloads::All).len(), 2);
+        assert_eq!(
+            ids(LocalWorkloads::Node("n1".into())),
+            ids(host(&["10.0.0.1", "10.0.0.2"]))
+        );
     }
 }

@@ -181,6 +181,39 @@ pub struct TlsConfigs {
     /// to rustls is neither sent (no SNI) nor checked; the destination IP will
     /// do.
     pub client: Arc<ClientConfig>,
+    /// Whether a connection used these configs lately: how the certificate
+    /// manager keeps a certificate fetched on demand while it is in use.
+    pub used: UseMark,
+}
+
+/// Set by a core that uses a certificate, taken (and cleared) by the
+/// certificate manager when it decides whether to keep one no local
+/// workload has. A relaxed load per use, a store only when it was clear:
+/// no locks, and the line stays shared between cores.
+#[derive(Debug, Default)]
+pub struct UseMark(std::sync::atomic::AtomicBool);
+
+impl UseMark {
+    /// A connection uses the certificate.
+    pub fn mark(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.0.load(Relaxed) {
+            self.0.store(true, Relaxed);
+        }
+    }
+
+    /// Whether it was used since the last take.
+    pub fn take(&self) -> bool {
+        self.0.swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Clone for UseMark {
+    fn clone(&self) -> Self {
+        UseMark(std::sync::atomic::AtomicBool::new(
+            self.0.load(std::sync::atomic::Ordering::Relaxed),
+        ))
+    }
 }
 
 /// Builds both configs for `cert`: TLS 1.3 only, AES-GCM suites, ALPN `h2`, no
@@ -249,6 +282,7 @@ pub fn build_tls_configs_with_crls(
         not_after: cert.not_after,
         server: Arc::new(server),
         client: Arc::new(client),
+        used: UseMark::default(),
     })
 }
 

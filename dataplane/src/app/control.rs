@@ -15,7 +15,7 @@ use ringway_controlplane::security::caclient::{CaClient, CaClientConfig};
 use ringway_controlplane::security::certmanager::{
     BuiltinCaSource, CertManager, CertManagerConfig, CertRequests, CertSource,
 };
-use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
+use ringway_controlplane::security::certs::{local_identities, CertPublisher, LocalWorkloads};
 use ringway_controlplane::security::crl::{self, CrlStore};
 use ringway_controlplane::sources::local;
 use ringway_controlplane::sources::xds::{self, OnDemandReceiver, XdsConfig, XdsStatus};
@@ -23,6 +23,7 @@ use ringway_controlplane::SnapshotPublisher;
 use tokio::sync::watch;
 
 use crate::inpod::manager::InpodStatus;
+use crate::inpod::PodFeed;
 use crate::telemetry::admin::Admin;
 use crate::telemetry::http::{serve_http, Answer, PROMETHEUS, TEXT};
 use crate::telemetry::metrics::{MetricsHub, ProcessStats};
@@ -64,6 +65,13 @@ pub struct Control {
     pub snapshots: SnapshotPublisher,
     pub cert_publisher: CertPublisher,
     pub node: Option<String>,
+    /// Which workloads are this node's: their certificates are prefetched
+    /// and readiness waits for them. Kept current here (see
+    /// [`follow_local_workloads`]) unless the node name says.
+    pub local: watch::Sender<LocalWorkloads>,
+    /// In-pod mode: the enrolled pods, this node's workloads without a
+    /// node name.
+    pub pods: Option<PodFeed>,
     pub readiness: std::net::TcpListener,
     /// The metrics endpoint's listener, and what it reports.
     pub stats: std::net::TcpListener,
@@ -139,17 +147,23 @@ impl Control {
             node: self.node.clone(),
             ..CertManagerConfig::default()
         };
+        let local = self.local.subscribe();
         let cert_requests = match self.certs {
             CertSourceKind::Builtin { ca, ttl } => spawn_manager(
                 BuiltinCaSource::new(ca, ttl),
                 &self.snapshots,
                 &self.cert_publisher,
                 manager_cfg,
+                local.clone(),
             ),
             CertSourceKind::IstioCa(cfg) => match CaClient::new(*cfg) {
-                Ok(client) => {
-                    spawn_manager(client, &self.snapshots, &self.cert_publisher, manager_cfg)
-                }
+                Ok(client) => spawn_manager(
+                    client,
+                    &self.snapshots,
+                    &self.cert_publisher,
+                    manager_cfg,
+                    local.clone(),
+                ),
                 Err(e) => {
                     let _ = started.send(Err(anyhow!("CA client: {e}")));
                     return;
@@ -194,16 +208,21 @@ impl Control {
             }
         };
         let cores_ready = self.cores_ready.clone();
+        if self.node.is_none() {
+            tokio::spawn(follow_local_workloads(
+                self.local,
+                self.snapshots.subscribe(),
+                self.pods,
+                LOCAL_ADDRS_EVERY,
+            ));
+        }
         // And every local HBONE workload has its certificate: before that,
-        // its inbound tunnels would be refused.
-        let (snapshots, certs, node) = (
-            self.snapshots.clone(),
-            self.cert_publisher.clone(),
-            self.node.clone(),
-        );
+        // its inbound tunnels would be refused. Other identities are
+        // fetched when a connection first needs them; none is waited for.
+        let (snapshots, certs) = (self.snapshots.clone(), self.cert_publisher.clone());
         let certs_ready = move || {
             let (snap, issued) = (snapshots.current(), certs.current());
-            wanted_identities(&snap, node.as_deref())
+            local_identities(&snap, &local.borrow())
                 .iter()
                 .all(|id| issued.get(id).is_some())
         };
@@ -308,9 +327,68 @@ fn spawn_manager<S: CertSource + Send + Sync + 'static>(
     snapshots: &SnapshotPublisher,
     certs: &CertPublisher,
     cfg: CertManagerConfig,
+    local: watch::Receiver<LocalWorkloads>,
 ) -> CertRequests {
-    let manager = CertManager::new(Arc::new(source), snapshots.subscribe(), certs.clone(), cfg);
+    let manager = CertManager::new(Arc::new(source), snapshots.subscribe(), certs.clone(), cfg)
+        .follow_local(local);
     let requests = manager.requests();
     tokio::spawn(manager.run());
     requests
+}
+
+/// How often the host's addresses are read again without a config change
+/// (an address assigned to the host later makes its workload local).
+const LOCAL_ADDRS_EVERY: Duration = Duration::from_secs(5);
+
+/// The workloads this node hosts when no node name says which: in in-pod
+/// mode the enrolled pods (by workload uid and address), in node-level
+/// mode those at the host's own addresses. Node level reads the
+/// addresses (getifaddrs, a few microseconds) when the config changes and
+/// every `every`; either way `local` changes only when the answer does.
+async fn follow_local_workloads(
+    local: watch::Sender<LocalWorkloads>,
+    mut snapshots: ringway_controlplane::publish::SnapshotFeed,
+    pods: Option<PodFeed>,
+    every: Duration,
+) {
+    let update = |now: LocalWorkloads| {
+        local.send_if_modified(|current| {
+            let changed = *current != now;
+            if changed {
+                if let LocalWorkloads::Hosted { uids, addrs } = &now {
+                    tracing::debug!(pods = uids.len(), addrs = ?addrs, "local workloads changed");
+                }
+                *current = now;
+            }
+            changed
+        });
+    };
+    if let Some(mut pods) = pods {
+        loop {
+            let now = {
+                let set = pods.borrow_and_update();
+                LocalWorkloads::hosted(
+                    set.pods.values().map(|p| p.workload_uid.clone()),
+                    set.pods.values().flat_map(|p| p.addrs.iter().copied()),
+                )
+            };
+            update(now);
+            if pods.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut config_open = true;
+    loop {
+        update(LocalWorkloads::hosted(
+            [],
+            crate::io::socket::local_interface_addrs(),
+        ));
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = snapshots.changed(), if config_open => config_open = changed.is_ok(),
+        }
+    }
 }

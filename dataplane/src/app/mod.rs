@@ -29,7 +29,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use ringway_controlplane::security::ca::BuiltinCa;
 use ringway_controlplane::security::caclient::CaClientConfig;
-use ringway_controlplane::security::certs::{self, CertPublisher};
+use ringway_controlplane::security::certs::{self, CertPublisher, LocalWorkloads};
 use ringway_controlplane::security::crl::{self, CrlSet, CrlStore};
 use ringway_controlplane::security::pki;
 use ringway_controlplane::sources::local;
@@ -92,6 +92,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Certificates. With the built-in CA, this node's certificates exist
     // before any core runs; with an external CA they are fetched by the
     // manager (prefetch) or on first use (urgent), failing closed meanwhile.
+    // This node's workloads: those on --node-name; without it, those at
+    // the host's own addresses (in-pod: the enrolled pods, none yet).
+    // Every other identity is fetched when a connection first needs it.
+    let local_workloads = match (&args.node_name, args.inpod) {
+        (Some(node), _) => LocalWorkloads::Node(node.clone()),
+        (None, true) => LocalWorkloads::hosted([], []),
+        (None, false) => LocalWorkloads::hosted([], socket::local_interface_addrs()),
+    };
+    let (local_tx, local_rx) = watch::channel(local_workloads);
     let cert_publisher = CertPublisher::new();
     let cert_source = match &args.ca_address {
         Some(addr) => {
@@ -107,7 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 BuiltinCa::load_or_create(&args.ca_dir, &args.trust_domain)
                     .with_context(|| format!("built-in CA in {}", args.ca_dir.display()))?,
             );
-            let needed = certs::wanted_identities(&publisher.current(), args.node_name.as_deref());
+            let needed = certs::local_identities(&publisher.current(), &local_rx.borrow());
             cert_publisher.publish(
                 certs::issue_all(&ca, needed, args.cert_ttl)
                     .context("issuing workload certificates")?,
@@ -234,7 +243,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         certs: cert_publisher.clone(),
         metrics: metrics.clone(),
         config: static_config(&args, &plan, dns.as_ref(), &dns_bound),
-        node: args.node_name.clone(),
+        local: local_rx.clone(),
         quit: Arc::new(tokio::sync::Notify::new()),
         inpod: None,
     };
@@ -267,6 +276,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         snapshots: publisher.clone(),
         cert_publisher: cert_publisher.clone(),
         node: args.node_name.clone(),
+        local: local_tx,
+        pods: inpod.as_ref().map(|(_, feed, _)| feed.clone()),
         readiness,
         stats,
         metrics: metrics.clone(),

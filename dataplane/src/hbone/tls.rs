@@ -45,10 +45,12 @@ impl Certificates {
 
     /// The TLS configs for `id`; when missing (or expired), asks the
     /// certificate manager urgently and waits at most
-    /// `--cert-wait-timeout`. None means fail closed.
+    /// `--cert-wait-timeout`. None means fail closed. Marks the
+    /// certificate used, which keeps one fetched on demand.
     pub async fn get(&self, id: &Identity) -> Option<Arc<TlsConfigs>> {
         let now = SystemTime::now();
         if let Some(c) = self.current().get(id).filter(|c| c.not_after > now) {
+            c.used.mark();
             return Some(c.clone());
         }
         let requests = self.requests.as_ref()?;

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use ringway_controlplane::model::time::rfc3339_utc;
-use ringway_controlplane::security::certs::{wanted_identities, CertPublisher};
+use ringway_controlplane::security::certs::{local_identities, CertPublisher, LocalWorkloads};
 use ringway_controlplane::sources::local::dump::dump;
 use ringway_controlplane::SnapshotPublisher;
 use serde_json::{json, Value};
@@ -35,7 +35,8 @@ pub struct Admin {
     pub metrics: Arc<MetricsHub>,
     /// The flags ringway runs with (`config` in the dump).
     pub config: Value,
-    pub node: Option<String>,
+    /// Which workloads are this node's (their certificates are prefetched).
+    pub local: tokio::sync::watch::Receiver<LocalWorkloads>,
     /// Starts the drain.
     pub quit: Arc<tokio::sync::Notify>,
     /// In-pod mode: the enrolled pods (`workloadState`).
@@ -94,12 +95,15 @@ impl Admin {
         out
     }
 
-    /// Every identity a local HBONE workload needs: `Available` with its
-    /// validity once issued, `Initializing` until then.
+    /// Every identity a local HBONE workload needs, `Available` with its
+    /// validity once issued, `Initializing` until then; and those fetched
+    /// on demand for a connection, while they are kept.
     fn certificates(&self, snap: &ringway_controlplane::Snapshot) -> Value {
         let issued = self.certs.current();
+        let mut ids = local_identities(snap, &self.local.borrow());
+        ids.extend(issued.identities().cloned());
         let mut rows = Vec::new();
-        for id in wanted_identities(snap, self.node.as_deref()) {
+        for id in ids {
             let row = match issued.get(&id) {
                 Some(c) => json!({
                     "identity": id.to_string(),

@@ -8,8 +8,9 @@
 //!
 //! * `ringway`: the release binary, `--cores 1 --config FILE`, every
 //!   listener on 127.0.0.1:0, a CA directory of its own. No `--node-name`,
-//!   so every workload counts as local and the built-in CA issues one
-//!   certificate per distinct identity at startup.
+//!   so the local workloads are those at the host's addresses: none of the
+//!   mesh's, and no certificate is issued at startup (each is fetched on
+//!   its first connection; before issue 24, every identity's was issued).
 //! * `ringway --node-name`: the same with `--node-name` naming a node no
 //!   workload is on: no workload is local, no certificate is issued (a
 //!   node of a real cluster holds a few of them).
@@ -320,7 +321,9 @@ impl Kind {
 
     fn label(self) -> &'static str {
         match self {
-            Kind::Ringway => "ringway (every workload local: a certificate per identity)",
+            Kind::Ringway => {
+                "ringway (no --node-name: workloads at the host's addresses are local, none here)"
+            }
             Kind::RingwayNode => "ringway --node-name (no local workload, no certificate)",
             Kind::RingwayNoDecay => {
                 "ringway, jemalloc gives freed pages back at once \

@@ -79,6 +79,7 @@ fn honoured_variables_show_in_config_dump() {
             ("SECRET_TTL", "2h"),
             ("IPV6_ENABLED", "false"),
             ("ENABLE_RESPONSE_BAGGAGE", "false"),
+            ("TLS12_ENABLED", "true"),
             ("ZTUNNEL_WORKER_THREADS", "1"),
             ("ISTIO_META_CLUSTER_ID", "east"),
             ("CLUSTER_DOMAIN", "corp.example"),
@@ -101,6 +102,7 @@ fn honoured_variables_show_in_config_dump() {
     assert_eq!(c["secretTtl"], "7200s", "{c}");
     assert_eq!(c["ipv6Enabled"], false, "{c}");
     assert_eq!(c["enableResponseBaggage"], false, "{c}");
+    assert_eq!(c["tls12Enabled"], true, "{c}");
     assert_eq!(c["cores"].as_array().unwrap().len(), 1, "{c}");
     assert!(
         c["coresReason"]
@@ -253,9 +255,9 @@ fn a_refused_variable_stops_startup_naming_it() {
     let (status, stderr) = refused_start(&[("COMPLIANCE_POLICY", "pqc")]);
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("COMPLIANCE_POLICY"), "{stderr}");
-    let (status, stderr) = refused_start(&[("TLS12_ENABLED", "true")]);
+    let (status, stderr) = refused_start(&[("ALT_XDS_HOSTNAME", "istiod.example")]);
     assert!(!status.success(), "{stderr}");
-    assert!(stderr.contains("TLS12_ENABLED"), "{stderr}");
+    assert!(stderr.contains("ALT_XDS_HOSTNAME"), "{stderr}");
 }
 
 #[test]

@@ -45,6 +45,27 @@ pub fn crypto_provider() -> Arc<CryptoProvider> {
         .clone()
 }
 
+/// [`crypto_provider`] with the four ECDHE AES-GCM TLS 1.2 suites added:
+/// what HBONE uses with ztunnel's `TLS12_ENABLED=true`, for peers that
+/// cannot speak TLS 1.3. Configs built on it offer and accept both
+/// versions, TLS 1.3 first.
+pub fn crypto_provider_with_tls12() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    PROVIDER
+        .get_or_init(|| {
+            use rustls::crypto::ring::cipher_suite as suite;
+            let mut provider = (*crypto_provider()).clone();
+            provider.cipher_suites.extend([
+                suite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+                suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+                suite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+                suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            ]);
+            Arc::new(provider)
+        })
+        .clone()
+}
+
 /// Every certificate in `pem` (other PEM sections are skipped); at least one.
 pub fn parse_certs(
     pem: &str,

@@ -22,6 +22,7 @@
 //! source identity used for authorization.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -216,11 +217,26 @@ impl Clone for UseMark {
     }
 }
 
-/// Builds both configs for `cert`: TLS 1.3 only, AES-GCM suites, ALPN `h2`, no
+/// Builds both configs for `cert`: TLS 1.3 only (1.2 too after
+/// [`enable_tls12`]), AES-GCM suites, ALPN `h2`, no
 /// resumption or tickets, no SNI. Their verifiers check the process-wide
 /// revocation lists ([`CrlStore::global`]).
 pub fn build_tls_configs(cert: &WorkloadCert) -> Result<TlsConfigs, TlsError> {
-    build_tls_configs_with(cert, crypto_provider())
+    let provider = if TLS12_ENABLED.load(Ordering::Relaxed) {
+        crate::security::pki::crypto_provider_with_tls12()
+    } else {
+        crypto_provider()
+    };
+    build_tls_configs_with(cert, provider)
+}
+
+/// ztunnel's `TLS12_ENABLED`: set once at startup, before any certificate
+/// is issued; every config built afterwards also speaks TLS 1.2.
+static TLS12_ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Lets HBONE fall back to TLS 1.2 (ztunnel's `TLS12_ENABLED=true`).
+pub fn enable_tls12() {
+    TLS12_ENABLED.store(true, Ordering::Relaxed);
 }
 
 /// [`build_tls_configs`] on another crypto provider (its suites, groups
@@ -239,7 +255,16 @@ pub fn build_tls_configs_with_crls(
     provider: Arc<rustls::crypto::CryptoProvider>,
     crls: Arc<CrlStore>,
 ) -> Result<TlsConfigs, TlsError> {
-    let versions = &[&rustls::version::TLS13];
+    // TLS 1.2 only where the provider carries its suites (TLS12_ENABLED).
+    let tls12 = provider
+        .cipher_suites
+        .iter()
+        .any(|suite| suite.version() == &rustls::version::TLS12);
+    let versions: &[&rustls::SupportedProtocolVersion] = if tls12 {
+        &[&rustls::version::TLS13, &rustls::version::TLS12]
+    } else {
+        &[&rustls::version::TLS13]
+    };
 
     let webpki = WebPkiClientVerifier::builder_with_provider(cert.roots.clone(), provider.clone())
         .build()?;
@@ -868,6 +893,43 @@ mod tests {
             |e| matches!(e, rustls::Error::PeerIncompatible(_)),
             AlertDescription::HandshakeFailure,
         );
+    }
+
+    /// With ztunnel's TLS12_ENABLED, a TLS 1.2 peer is served (over one of
+    /// the four ECDHE AES-GCM suites) and two such configs still agree on
+    /// TLS 1.3.
+    #[test]
+    fn tls12_enabled_serves_a_tls12_peer_and_prefers_tls13() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = ca(tmp.path(), TD);
+        let issued = |sa: &str| {
+            let cert = ca
+                .issue(&Identity::new(TD, "shop", sa), DEFAULT_CERT_VALIDITY)
+                .unwrap();
+            build_tls_configs_with(
+                &cert.to_workload_cert().unwrap(),
+                crate::security::pki::crypto_provider_with_tls12(),
+            )
+            .unwrap()
+        };
+        let server = issued("server");
+        let ring = rustls::crypto::ring::default_provider();
+        let tls12 = other_client(ring.cipher_suites.clone(), &[&rustls::version::TLS12], &ca);
+        let x = exchange(tls12, server.server.clone());
+        assert!(
+            x.client_got_pong,
+            "{:?} {:?}",
+            x.client_error, x.server_error
+        );
+        assert_eq!(x.server.protocol_version(), Some(ProtocolVersion::TLSv1_2));
+
+        let x = exchange(issued("client").client.clone(), server.server.clone());
+        assert!(
+            x.client_got_pong,
+            "{:?} {:?}",
+            x.client_error, x.server_error
+        );
+        assert_eq!(x.server.protocol_version(), Some(ProtocolVersion::TLSv1_3));
     }
 
     #[test]

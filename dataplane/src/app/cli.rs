@@ -248,6 +248,12 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_NO_FAST_PATH")]
     pub no_fast_path: bool,
 
+    /// Let HBONE fall back to TLS 1.2 (four ECDHE AES-GCM suites) for peers
+    /// that cannot speak TLS 1.3; TLS 1.3 stays preferred.
+    /// ztunnel: TLS12_ENABLED=true.
+    #[arg(long, env = "RINGWAY_TLS12")]
+    pub tls12: bool,
+
     /// Do not send the destination's `baggage` (its workload, namespace,
     /// cluster) in the answer to an inbound HBONE CONNECT.
     /// ztunnel: ENABLE_RESPONSE_BAGGAGE=false.

@@ -67,6 +67,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
              with SO_REUSEPORT; leave it unset or true"
         );
     }
+    if args.tls12 {
+        // Before any certificate's configs are built.
+        ringway_controlplane::security::tls::enable_tls12();
+        tracing::info!("TLS12_ENABLED: HBONE also offers and accepts TLS 1.2");
+    }
     set_termination_signals_blocked(true);
     let mut cfg = args.proxy_config();
     let dns = args.dns_plan(&|k| std::env::var(k).ok())?;
@@ -526,6 +531,7 @@ fn static_config(
         "socks5Addr": args.socks5_addrs().first().map(|a| a.to_string()),
         "ipv6Enabled": args.ipv6_enabled,
         "enableResponseBaggage": !args.no_response_baggage,
+        "tls12Enabled": args.tls12,
         "cpuLimit": args.cpu_limit,
     })
 }

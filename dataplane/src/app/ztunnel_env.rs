@@ -154,7 +154,7 @@ pub const ZTUNNEL_VARS: &[ZtunnelVar] = &[
     honoured("ENABLE_RESPONSE_BAGGAGE", "`--no-response-baggage`", "Default true."),
     honoured("UNSTABLE_ENABLE_SOCKS5", "`--socks5`", "127.0.0.1:15080."),
     honoured("CRL_PATH", "`--crl-path`", "One PEM or DER file of one or more CRLs, reloaded on change; a file that does not load stops startup, later keeps the last good CRLs. Open connections of a newly revoked peer are not closed (ztunnel closes them)."),
-    refused("TLS12_ENABLED", &["false"], "ringway's HBONE is TLS 1.3 only."),
+    honoured("TLS12_ENABLED", "`--tls12`", "HBONE also offers and accepts TLS 1.2 with ztunnel's four ECDHE AES-GCM suites; TLS 1.3 stays preferred."),
     refused("COMPLIANCE_POLICY", &[], "ringway cannot restrict itself to a compliance policy (e.g. `pqc`)."),
     warned("AUTHZ_POLICY_INFO_LOGGING", &["false"], "ringway logs authorization decisions at debug level only."),
     warned("TRANSPARENT_NETWORK_POLICIES", &["false"], "ringway has no such mode."),
@@ -577,6 +577,7 @@ impl Overlay<'_> {
             &mut args.socks5,
             ztunnel_bool,
         )?;
+        self.take("TLS12_ENABLED", "tls12", &mut args.tls12, ztunnel_bool)?;
         if let Some(raw) = self.var("IPV6_ENABLED") {
             args.ipv6_enabled =
                 ztunnel_bool(&raw).map_err(|e| anyhow!("IPV6_ENABLED={raw:?}: {e}"))?;
@@ -1016,6 +1017,8 @@ mod tests {
             Duration::from_secs(3600)
         );
         assert!(ok(&[("UNSTABLE_ENABLE_SOCKS5", "true")]).socks5);
+        assert!(ok(&[("TLS12_ENABLED", "true")]).tls12);
+        assert!(!ok(&[("TLS12_ENABLED", "false")]).tls12);
         assert!(!ok(&[("IPV6_ENABLED", "false")]).ipv6_enabled);
         assert!(ok(&[("ENABLE_RESPONSE_BAGGAGE", "false")]).no_response_baggage);
         assert!(!ok(&[("ENABLE_RESPONSE_BAGGAGE", "true")]).no_response_baggage);
@@ -1134,10 +1137,10 @@ mod tests {
         );
         let e = err(
             &[],
-            &[("COMPLIANCE_POLICY", "pqc"), ("TLS12_ENABLED", "true")],
+            &[("COMPLIANCE_POLICY", "pqc"), ("ALT_CA_HOSTNAME", "istiod")],
         );
         assert!(
-            e.contains("COMPLIANCE_POLICY") && e.contains("TLS12_ENABLED"),
+            e.contains("COMPLIANCE_POLICY") && e.contains("ALT_CA_HOSTNAME"),
             "{e}"
         );
         assert!(err(&[], &[("XDS_HEADER_X_TENANT", "a")]).contains("XDS_HEADER_X_TENANT"));

@@ -3,7 +3,9 @@
 //! ringways start, and real CRLs it signs. A revoked peer is refused on
 //! inbound 15008 (a Python HBONE client against ringway) and on outbound
 //! (ringway against a Python HBONE server); a rewritten CRL file applies
-//! without a restart; garbage over a good file keeps the good CRLs and
+//! without a restart, to open connections too (a revoked client's inbound
+//! tunnel and a pooled connection to a revoked server are closed, others
+//! keep carrying bytes); garbage over a good file keeps the good CRLs and
 //! says so; the metrics follow. Netns names start with `crl`.
 
 mod common;
@@ -77,9 +79,11 @@ fn revoke_at_start(dir: &Path, spiffe_id: &str) -> Vec<String> {
     vec!["--crl-path".into(), crl.to_str().unwrap().into()]
 }
 
-#[test]
-fn revoked_clients_are_refused_inbound_and_the_crl_reloads() {
-    let nodes = Nodes::with_setup("crli", &base_config(), true, &[], |dir| {
+/// The inbound rig: both ringways with a CRL revoking a client
+/// certificate, an echo application behind node B. Returns the nodes, the
+/// CA, the CRL file, the root to verify ringway B with, and the target.
+fn inbound_rig(tag: &str) -> (Nodes, BuiltinCa, PathBuf, PathBuf, String) {
+    let nodes = Nodes::with_setup(tag, &base_config(), true, &[], |dir| {
         revoke_at_start(dir, CLIENT_ID)
     });
     let ca = ca(nodes.dir.path());
@@ -88,7 +92,12 @@ fn revoked_clients_are_refused_inbound_and_the_crl_reloads() {
     nodes
         .b
         .enter(|| serve_echo(TcpListener::bind(format!("{SERVER_IP}:8082")).unwrap()));
-    let target = format!("{SERVER_IP}:8082");
+    (nodes, ca, crl, root, format!("{SERVER_IP}:8082"))
+}
+
+#[test]
+fn revoked_clients_are_refused_inbound_and_the_crl_reloads() {
+    let (nodes, ca, crl, root, target) = inbound_rig("crli");
     let client = |certs: &Path| py_client(&nodes.a, &client_args(certs, &root, &target));
     let b = nodes.b();
     let rejections = "istio_crl_policy_rejections_total{reporter=\"destination\"}";
@@ -255,4 +264,158 @@ fn a_bad_crl_at_startup_is_a_startup_error() {
             "{file:?}: {text}"
         );
     }
+}
+
+/// The sum of every series of `name` whose labels start with `labels` on
+/// `rw`'s metrics endpoint.
+fn metric_sum(rw: &Ringway, prefix: &str) -> u64 {
+    let (status, body) = rw.http_get("stats", "/metrics");
+    assert!(status.contains("200"), "{status}");
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A reloaded CRL closes the open inbound HBONE connections of the client
+/// certificates it revokes (the connection and its stream, each logged
+/// with why) within a few seconds, and only those: another client of the
+/// same identity keeps its tunnel and its bytes flowing.
+#[test]
+fn a_reloaded_crl_closes_open_inbound_connections_of_revoked_clients() {
+    let (nodes, ca, crl, root, target) = inbound_rig("crlci");
+    let b = nodes.b();
+    let closed = "ringway_crl_closed_connections_total{direction=\"inbound\"}";
+    assert_eq!(metric(b, closed), Some(0));
+    let doomed = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "doomed", "1h");
+    let spared = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "spared", "1h");
+    // Half the bytes at once, the other half 15 s later: a tunnel that
+    // stays open and carries bytes on both sides of the reload.
+    let holding = |certs: &Path| {
+        let mut args = client_args(certs, &root, &target);
+        for a in ["--send-bytes", "200000", "--echo", "--hold", "15"] {
+            args.push(a.into());
+        }
+        args
+    };
+    std::thread::scope(|s| {
+        let doomed_run = s.spawn(|| py_client(&nodes.a, &holding(&doomed)));
+        let spared_run = s.spawn(|| py_client(&nodes.a, &holding(&spared)));
+        let opened = "istio_tcp_connections_opened_total{reporter=\"destination\"";
+        wait_for("both tunnels open", PATIENCE, || {
+            match metric_sum(b, opened) {
+                n if n >= 2 => Ok(n),
+                n => Err(format!("{n} opened")),
+            }
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(!doomed_run.is_finished() && !spared_run.is_finished());
+
+        write_crl(
+            &ca,
+            &crl,
+            &[
+                serial_in(&nodes.dir.path().join("revoked")),
+                serial_in(&doomed),
+            ],
+            2,
+        );
+        wait_for(
+            "the revoked client's tunnel closed",
+            Duration::from_secs(5),
+            || {
+                if doomed_run.is_finished() {
+                    Ok(())
+                } else {
+                    Err("still open")
+                }
+            },
+        );
+        let (code, out) = doomed_run.join().unwrap();
+        assert_ne!(code, 0, "the revoked client's tunnel must be cut: {out}");
+        assert_eq!(out["status"][0], 200, "{out}");
+        assert!(
+            out["received"][0].as_u64().unwrap() >= 100_000,
+            "it carried bytes before: {out}"
+        );
+        assert!(!spared_run.is_finished(), "the other client stays open");
+        let (code, out) = spared_run.join().unwrap();
+        assert_eq!(code, 0, "the spared tunnel carried all its bytes: {out}");
+        assert_eq!(out["received"][0], 200_000, "{out}");
+    });
+    assert_eq!(metric(b, closed), Some(1));
+    let stream = b.wait_log("the revoked stream", |l| {
+        l["scope"] == "access" && l["error"] == "closed: peer certificate revoked by a reloaded CRL"
+    });
+    assert_eq!(stream["src.identity"], CLIENT_ID);
+    b.wait_log("the revoked connection", |l| {
+        l["scope"] == "access"
+            && l["error"].as_str().is_some_and(|e| {
+                e.starts_with("peer certificate revoked by a reloaded CRL: closed with 1 open")
+            })
+    });
+    b.wait_log("the core's summary", |l| {
+        l["inbound"] == 1
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("a reloaded CRL revokes peers"))
+    });
+}
+
+/// A reloaded CRL that revokes the server of a pooled outbound HBONE
+/// connection closes it, and the tunnel it carries, within a few seconds;
+/// a reload that revokes someone else leaves it carrying bytes.
+#[test]
+fn a_reloaded_crl_closes_pooled_connections_to_revoked_servers() {
+    let nodes = Nodes::with_setup("crlco", &base_config(), false, &[], |dir| {
+        revoke_at_start(dir, SERVER_ID)
+    });
+    let ca = ca(nodes.dir.path());
+    let crl = nodes.dir.path().join("crl.pem");
+    let a = nodes.a();
+    let closed = "ringway_crl_closed_connections_total{direction=\"outbound\"}";
+    let log = nodes.dir.path().join("pyserver.jsonl");
+    let revoked = serial_in(&nodes.dir.path().join("revoked"));
+    let good = nodes.issue(&nodes.ca_dir(), SERVER_ID, "good", "1h");
+    let mut server = py_server(&nodes, &good, &log);
+
+    let mut tunnel = in_netns(&nodes.a.name, || {
+        connect_from_client(&format!("{SERVER_IP}:9443")).unwrap()
+    });
+    tunnel
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let echo = |t: &mut std::net::TcpStream, msg: &[u8]| {
+        t.write_all(msg).unwrap();
+        let mut got = vec![0u8; msg.len()];
+        t.read_exact(&mut got).unwrap();
+        assert_eq!(got, msg);
+    };
+    echo(&mut tunnel, b"before");
+
+    // Someone else revoked: the connection stays and carries bytes.
+    let other = issue(&ca, nodes.dir.path(), SERVER_ID, "other").1;
+    write_crl(&ca, &crl, &[revoked.clone(), other.clone()], 2);
+    wait_metric(a, "ringway_crl_reloads_total{result=\"ok\"}", |v| v == 2);
+    echo(&mut tunnel, b"after a reload");
+    assert_eq!(metric(a, closed), Some(0));
+
+    // The server revoked: the pooled connection and the tunnel are closed.
+    write_crl(&ca, &crl, &[revoked, other, serial_in(&good)], 3);
+    tunnel
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let r = tunnel.read(&mut [0u8; 16]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        matches!(&r, Ok(0))
+            || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the tunnel to the revoked server must be closed: {r:?}"
+    );
+    assert_eq!(metric(a, closed), Some(1));
+    a.wait_log("the closed pooled connection", |l| {
+        l["message"] == "HBONE connection closed"
+            && l["why"] == "peer certificate revoked by a reloaded CRL"
+    });
 }

@@ -25,9 +25,19 @@
 //!   verify fails that handshake (closed).
 //!
 //! The current set lives in a [`CrlStore`] that the verifiers read at each
-//! handshake, so a reloaded file applies to the next handshake. Connections
-//! already open are not re-checked (see the operating guide).
+//! handshake, so a reloaded file applies to the next handshake. Each
+//! install also bumps the store's version ([`CrlStore::subscribe`]): the
+//! cores then look up the open HBONE connections' peer chains
+//! ([`PeerChain`]) in the new set ([`CrlSet::revokes`]) and close those
+//! now revoked.
+//!
+//! That look-up is by issuer name and serial only: the handshake already
+//! verified the chain, and a CRL that names the chain's issuer is either
+//! verified at load or (issuer unknown to the node) would fail every new
+//! handshake of that issuer's certificates if its signature were bad.
 
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +86,56 @@ pub struct CrlSet {
     unverified: Vec<String>,
     /// Issuers of CRLs past their `nextUpdate` at load.
     stale: Vec<String>,
+    /// Every revoked (issuer, serial), for re-checking open connections
+    /// without their full chains.
+    serials: HashSet<CertRef>,
     content: Vec<u8>,
+}
+
+/// One certificate of a peer's chain, as a CRL names it: a hash of its
+/// issuer's name (DER) and its serial without leading zero bytes. Enough to
+/// find it on a CRL, and a few dozen bytes where the certificate is ~1 KiB.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CertRef {
+    issuer: u64,
+    serial: Box<[u8]>,
+}
+
+impl CertRef {
+    fn new(issuer_der: &[u8], serial: &[u8]) -> CertRef {
+        // SipHash with fixed keys: stable within the process, which is all
+        // the set and the connections have to agree on.
+        #[allow(deprecated)]
+        let mut h = std::hash::SipHasher::new();
+        issuer_der.hash(&mut h);
+        let start = serial.iter().position(|&b| b != 0).unwrap_or(serial.len());
+        CertRef {
+            issuer: h.finish(),
+            serial: serial[start..].into(),
+        }
+    }
+}
+
+/// What an open HBONE connection keeps of its peer's certificates (leaf
+/// and intermediates, as the handshake received them) so that a reloaded
+/// CRL can be applied to it. Only made when a CRL is configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerChain(Box<[CertRef]>);
+
+impl PeerChain {
+    /// The chain's (issuer, serial) list; certificates that do not parse
+    /// (they verified, so there are none in practice) are left out.
+    pub fn new(certs: &[CertificateDer<'_>]) -> PeerChain {
+        PeerChain(
+            certs
+                .iter()
+                .filter_map(|c| {
+                    let (_, cert) = x509_parser::parse_x509_certificate(c).ok()?;
+                    Some(CertRef::new(cert.issuer().as_raw(), cert.raw_serial()))
+                })
+                .collect(),
+        )
+    }
 }
 
 impl std::fmt::Debug for CrlSet {
@@ -120,6 +179,7 @@ impl CrlSet {
             revoked: 0,
             unverified: Vec::new(),
             stale: Vec::new(),
+            serials: HashSet::new(),
             content: Vec::new(),
         };
         for (index, der) in ders.iter().enumerate() {
@@ -147,7 +207,11 @@ impl CrlSet {
             if crl.next_update().is_some_and(|t| t.timestamp() < now) {
                 set.stale.push(issuer);
             }
-            set.revoked += crl.iter_revoked_certificates().count();
+            for revoked in crl.iter_revoked_certificates() {
+                set.serials
+                    .insert(CertRef::new(crl.issuer().as_raw(), revoked.raw_serial()));
+                set.revoked += 1;
+            }
             set.crls.push(owned.into());
         }
         set.content = content;
@@ -176,6 +240,12 @@ impl CrlSet {
     /// Issuers of CRLs that were past their `nextUpdate` when loaded.
     pub fn stale_issuers(&self) -> &[String] {
         &self.stale
+    }
+
+    /// Whether a certificate of `chain` is on one of these CRLs: for
+    /// connections opened before this set was installed.
+    pub fn revokes(&self, chain: &PeerChain) -> bool {
+        chain.0.iter().any(|c| self.serials.contains(c))
     }
 }
 
@@ -241,10 +311,14 @@ pub enum Side {
 
 /// The CRLs in force, shared by every TLS config and core, and counters for
 /// the metrics.
-#[derive(Default)]
 pub struct CrlStore {
     current: ArcSwapOption<CrlSet>,
+    /// Bumped by each install; the cores wait on it to re-check their open
+    /// connections (the same wake-up the snapshot feeds use).
+    version: tokio::sync::watch::Sender<u64>,
     refused: [AtomicU64; 2],
+    /// Open connections closed because a reloaded CRL revoked their peer.
+    closed: [AtomicU64; 2],
     reloads_ok: AtomicU64,
     reloads_error: AtomicU64,
     last_reload: AtomicU64,
@@ -262,6 +336,22 @@ pub struct CrlStats {
     pub last_reload: u64,
     pub refused_inbound: u64,
     pub refused_outbound: u64,
+    pub closed_inbound: u64,
+    pub closed_outbound: u64,
+}
+
+impl Default for CrlStore {
+    fn default() -> Self {
+        CrlStore {
+            current: ArcSwapOption::empty(),
+            version: tokio::sync::watch::Sender::new(0),
+            refused: Default::default(),
+            closed: Default::default(),
+            reloads_ok: AtomicU64::new(0),
+            reloads_error: AtomicU64::new(0),
+            last_reload: AtomicU64::new(0),
+        }
+    }
 }
 
 impl std::fmt::Debug for CrlStore {
@@ -293,6 +383,30 @@ impl CrlStore {
             .unwrap_or_default()
             .as_secs();
         self.last_reload.store(now, Ordering::Relaxed);
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Wakes (`changed()`) after each install; the value is the number of
+    /// installs so far.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// What a connection that just verified `certs` keeps for later
+    /// reloads, and whether the set in force already revokes it (one
+    /// installed after its handshake's check); None without a CRL: then
+    /// nothing is kept.
+    pub fn peer_chain(&self, certs: &[CertificateDer<'_>]) -> Option<(PeerChain, bool)> {
+        let current = self.current.load();
+        let set = current.as_ref()?;
+        let chain = PeerChain::new(certs);
+        let revoked = set.revokes(&chain);
+        Some((chain, revoked))
+    }
+
+    /// Counts open connections closed because their peer is now revoked.
+    pub fn record_closed(&self, side: Side, n: u64) {
+        self.closed[side as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     /// Counts a failed reload (the set in force stays).
@@ -315,6 +429,8 @@ impl CrlStore {
             last_reload: self.last_reload.load(Ordering::Relaxed),
             refused_inbound: self.refused[Side::Inbound as usize].load(Ordering::Relaxed),
             refused_outbound: self.refused[Side::Outbound as usize].load(Ordering::Relaxed),
+            closed_inbound: self.closed[Side::Inbound as usize].load(Ordering::Relaxed),
+            closed_outbound: self.closed[Side::Outbound as usize].load(Ordering::Relaxed),
         }
     }
 
@@ -415,7 +531,7 @@ pub async fn watch(
                 log_loaded(
                     &path,
                     &set,
-                    "reloaded the CRL file: it applies to new handshakes",
+                    "reloaded the CRL file: it applies to new handshakes and open connections",
                 );
                 store.install(set);
             }
@@ -470,6 +586,53 @@ mod tests {
         assert_eq!(der_len(&long), Some(260));
         assert_eq!(der_len(&[0x31, 0x00]), None, "not a SEQUENCE");
         assert_eq!(der_len(&[0x30, 0x80]), None, "indefinite length");
+    }
+
+    /// What an open connection keeps of its peer is found on a later CRL
+    /// by issuer and serial, and only the certificates that CRL lists.
+    #[test]
+    fn peer_chains_are_looked_up_by_issuer_and_serial() {
+        use crate::security::ca::{serial_of, BuiltinCa, DEFAULT_CERT_VALIDITY};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = BuiltinCa::load_or_create(&dir.path().join("ca"), "cluster.local").unwrap();
+        let other = BuiltinCa::load_or_create(&dir.path().join("other"), "cluster.local").unwrap();
+        let id = "spiffe://cluster.local/ns/a/sa/b".parse().unwrap();
+        let chain = |ca: &BuiltinCa| {
+            let issued = ca.issue(&id, DEFAULT_CERT_VALIDITY).unwrap();
+            let der = CertificateDer::from_pem_slice(issued.leaf_pem().as_bytes()).unwrap();
+            (
+                PeerChain::new(&[der]),
+                serial_of(issued.leaf_pem()).unwrap(),
+            )
+        };
+        let (doomed, serial) = chain(&ca);
+        let (spared, _) = chain(&ca);
+        let (elsewhere, _) = chain(&other);
+        let crl = ca
+            .issue_crl(&[serial], 2, Duration::from_secs(3600))
+            .unwrap();
+        let set = CrlSet::parse(crl.into_bytes(), ca.roots()).unwrap();
+        assert!(set.revokes(&doomed));
+        assert!(!set.revokes(&spared));
+        assert!(!set.revokes(&elsewhere));
+
+        let store = CrlStore::new();
+        let der = CertificateDer::from_pem_slice(
+            ca.issue(&id, DEFAULT_CERT_VALIDITY)
+                .unwrap()
+                .leaf_pem()
+                .as_bytes(),
+        )
+        .unwrap();
+        assert!(
+            store.peer_chain(std::slice::from_ref(&der)).is_none(),
+            "no CRL, nothing kept"
+        );
+        let installs = store.subscribe();
+        store.install(set);
+        assert!(installs.has_changed().unwrap());
+        let (_, revoked) = store.peer_chain(&[der]).unwrap();
+        assert!(!revoked);
     }
 
     #[test]

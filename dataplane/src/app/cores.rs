@@ -1,7 +1,8 @@
 //! The executors: one per planned CPU, each running its core's main loop
 //! (`core_main`): accept on its listeners (and, in-pod mode, on every
 //! enrolled pod's), follow snapshot and certificate publications (deciding
-//! open connections again when policies change), reap the HBONE pool,
+//! open connections again when policies change) and CRL reloads (closing
+//! the HBONE connections of newly revoked peers), reap the HBONE pool,
 //! copy its counts for the scraper, and at shutdown drain.
 
 use std::collections::HashMap;
@@ -12,12 +13,14 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use ringway_controlplane::security::certs::CertFeed;
+use ringway_controlplane::security::crl::{CrlStore, Side};
 use ringway_controlplane::SnapshotFeed;
 use tokio::sync::watch;
 
 use super::plan::CorePlan;
 use crate::core::authorization::Recheck;
 use crate::core::config::ProxyConfig;
+use crate::core::revocation::Closed;
 use crate::core::{ControlHandles, CoreInputs};
 use crate::hbone::client::{Client, ClientSettings};
 use crate::hbone::pool::Pool;
@@ -219,6 +222,38 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         })
     };
 
+    // Follow CRL installs: look the open HBONE connections' peer chains up
+    // in the new set and close the revoked ones (their tasks do, on the
+    // latch); revoked pooled connections leave the pool at once.
+    let crl_watcher = {
+        let core = core.clone();
+        executor::spawn_local(async move {
+            let store = CrlStore::global();
+            let mut installs = store.subscribe();
+            while installs.changed().await.is_ok() {
+                let Some(set) = store.current() else {
+                    continue;
+                };
+                let mut closed = Closed::default();
+                for batch in core.revocations.keys().chunks(256) {
+                    closed += core.revocations.recheck(batch, &set);
+                    executor::yield_if_needed().await;
+                }
+                if closed == Closed::default() {
+                    continue;
+                }
+                core.hbone.pool.reap();
+                store.record_closed(Side::Inbound, closed.inbound);
+                store.record_closed(Side::Outbound, closed.outbound);
+                tracing::info!(
+                    core = core.index,
+                    inbound = closed.inbound,
+                    outbound = closed.outbound,
+                    "a reloaded CRL revokes peers of open HBONE connections: closing them"
+                );
+            }
+        })
+    };
     let cert_watcher = {
         let certs = core.certs.clone();
         executor::spawn_local(async move { certs.follow(cert_feed).await })
@@ -307,7 +342,7 @@ async fn core_main(seed: CoreSeed, ready: mpsc::Sender<usize>) -> anyhow::Result
         // Let the cancelled connections run their drop (close, access log).
         let _ = timer::timeout(Duration::from_secs(1), core.open.all_closed()).await;
     }
-    drop((watcher, cert_watcher, reaper, stats, bell));
+    drop((watcher, crl_watcher, cert_watcher, reaper, stats, bell));
     Ok(())
 }
 

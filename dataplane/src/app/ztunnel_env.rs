@@ -153,7 +153,7 @@ pub const ZTUNNEL_VARS: &[ZtunnelVar] = &[
     warned("LOCALHOST_APP_TUNNEL", &["true"], "ringway has no switch for it."),
     honoured("ENABLE_RESPONSE_BAGGAGE", "`--no-response-baggage`", "Default true."),
     honoured("UNSTABLE_ENABLE_SOCKS5", "`--socks5`", "127.0.0.1:15080."),
-    honoured("CRL_PATH", "`--crl-path`", "One PEM or DER file of one or more CRLs, reloaded on change; a file that does not load stops startup, later keeps the last good CRLs. Open connections of a newly revoked peer are not closed (ztunnel closes them)."),
+    honoured("CRL_PATH", "`--crl-path`", "One PEM or DER file of one or more CRLs, reloaded on change; a file that does not load stops startup, later keeps the last good CRLs. Open HBONE connections of a newly revoked peer are closed, as ztunnel does."),
     honoured("TLS12_ENABLED", "`--tls12`", "HBONE also offers and accepts TLS 1.2 with ztunnel's four ECDHE AES-GCM suites; TLS 1.3 stays preferred."),
     refused("COMPLIANCE_POLICY", &[], "ringway cannot restrict itself to a compliance policy (e.g. `pqc`)."),
     warned("AUTHZ_POLICY_INFO_LOGGING", &["false"], "ringway logs authorization decisions at debug level only."),

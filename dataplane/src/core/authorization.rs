@@ -254,6 +254,34 @@ impl Registry {
             .set(self.late_rejections.get() + out.revoked as u64);
         out
     }
+
+    /// Revokes the open streams of one inbound HBONE connection, those
+    /// admitted with its `peer` (the connection's own `Rc`, shared by its
+    /// streams only), for `why`; their tasks log it and reset them. Not a
+    /// late rejection (policy did not change): not counted as one.
+    pub fn revoke_streams_of(&self, peer: &Rc<Identity>, why: &str) -> usize {
+        let mut n = 0;
+        for (_, t) in self.conns.borrow_mut().iter_mut() {
+            let ours = t.conn.peer.as_ref().is_some_and(|p| Rc::ptr_eq(p, peer));
+            if !ours || t.revoked.is_some() {
+                continue;
+            }
+            n += 1;
+            t.revoked = Some(why.to_owned());
+            if let Some(w) = t.waker.take() {
+                w.wake();
+            }
+        }
+        n
+    }
+
+    /// Whether a stream admitted with `peer` is still open.
+    pub fn has_streams_of(&self, peer: &Rc<Identity>) -> bool {
+        self.conns
+            .borrow()
+            .iter()
+            .any(|(_, t)| t.conn.peer.as_ref().is_some_and(|p| Rc::ptr_eq(p, peer)))
+    }
 }
 
 /// An admitted connection's registration; dropping it (when the

@@ -12,6 +12,7 @@
 
 pub mod authorization;
 pub mod config;
+pub mod revocation;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -55,6 +56,9 @@ pub struct CoreInputs {
     /// Inbound connections admitted by policy, re-checked on snapshot
     /// changes (late rejection).
     pub admitted: Rc<Registry>,
+    /// HBONE connections (both directions) opened while a CRL was in
+    /// force, re-checked when it is reloaded. The same as the client's.
+    pub revocations: Rc<revocation::Revocations>,
     /// True once shutdown began (stop accepting, send GOAWAY, drain).
     pub shutdown: watch::Receiver<bool>,
     /// Flips to true at the drain deadline: every connection still open is
@@ -99,6 +103,7 @@ impl CoreInputs {
             copier,
             self_addrs,
             open,
+            revocations: hbone.revocations.clone(),
             hbone,
             certs,
             metrics,

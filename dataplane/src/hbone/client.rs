@@ -13,10 +13,13 @@ use http::{Method, Request, StatusCode};
 use ringway_controlplane::model::identity::Identity;
 use rustls_pki_types::ServerName;
 
+use ringway_controlplane::security::crl::{CrlStore, Side};
+
 use super::pool::{Lease, Pool, PoolConfig, PoolKey, PooledConn};
 use super::tls::Certificates;
 pub use super::HboneError;
 use super::{with_timeout, H2Settings};
+use crate::core::revocation::{Revocations, Watching, REVOKED};
 use crate::io::socket::{self, ConnectOpts};
 use crate::io::stream::FdStream;
 use crate::io::uring::Poller;
@@ -41,6 +44,9 @@ pub struct Client {
     certs: Rc<Certificates>,
     /// The core's index, for the log.
     core: usize,
+    /// The core's connections to re-check when a CRL is reloaded (inbound
+    /// ones too: the core shares it).
+    pub revocations: Rc<Revocations>,
 }
 
 /// Everything needed to open one tunnel.
@@ -83,6 +89,7 @@ impl Client {
             poller,
             certs,
             core,
+            revocations: Rc::default(),
         }
     }
 
@@ -212,6 +219,15 @@ impl Client {
                 })
             }
         }
+        // With a CRL in force: what a reloaded one needs to revoke this
+        // peer (a connection that fails below unregisters as it drops).
+        let broken = Rc::new(Cell::new(false));
+        let crl = self.revocations.watch(
+            CrlStore::global(),
+            Side::Outbound,
+            tls_stream.get_ref().1.peer_certificates(),
+            Some(broken.clone()),
+        );
         let handshake = h2::client::Builder::new()
             .initial_window_size(s.h2.stream_window)
             .initial_connection_window_size(s.h2.connection_window)
@@ -224,11 +240,11 @@ impl Client {
             Some(Err(e)) => return Err(HboneError::H2(addr, e.to_string())),
             Some(Ok(pair)) => pair,
         };
-        let broken = Rc::new(Cell::new(false));
         crate::io::executor::spawn_detached(drive(
             connection,
             self.pool.cfg,
             broken.clone(),
+            crl,
             self.core,
             id,
             addr,
@@ -245,11 +261,13 @@ enum Attempt {
 }
 
 /// A pooled connection's driver: runs its HTTP/2 connection and the
-/// keepalive PINGs until either ends, then marks it `broken`.
+/// keepalive PINGs until either ends, or a reloaded CRL revokes the peer
+/// (`crl`), then marks it `broken`.
 async fn drive<T>(
     mut connection: h2::client::Connection<T, Bytes>,
     cfg: PoolConfig,
     broken: Rc<Cell<bool>>,
+    crl: Option<Watching>,
     core: usize,
     id: u64,
     addr: SocketAddr,
@@ -270,7 +288,13 @@ async fn drive<T>(
             }
         }
     };
-    let why = futures_lite::future::or(
+    let revoked = async {
+        match &crl {
+            Some(w) => w.revoked.wait().await,
+            None => std::future::pending().await,
+        }
+    };
+    let ended = futures_lite::future::or(
         async {
             match (&mut connection).await {
                 Ok(()) => "closed".to_string(),
@@ -278,10 +302,19 @@ async fn drive<T>(
             }
         },
         keepalive,
-    )
+    );
+    let why = futures_lite::future::or(ended, async {
+        revoked.await;
+        REVOKED.to_string()
+    })
     .await;
     broken.set(true);
-    tracing::debug!(core, conn = id, %addr, why, "HBONE connection ended");
+    if crl.as_ref().is_some_and(|w| w.revoked.is_set()) {
+        // Dropping the connection closes it, and its streams with it.
+        tracing::info!(core, conn = id, %addr, why, "HBONE connection closed");
+    } else {
+        tracing::debug!(core, conn = id, %addr, why, "HBONE connection ended");
+    }
 }
 
 /// How long a pooled connection may sit unused; exposed for the reaper.

@@ -20,7 +20,10 @@ use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::routing::{inbound_service_port, inbound_upstream};
 
+use ringway_controlplane::security::crl::{CrlStore, Side};
+
 use crate::core::authorization::{self, Inbound, Refused, Ticket};
+use crate::core::revocation::REVOKED;
 
 use crate::core::{spawn_cancellable, CoreInputs};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
@@ -82,6 +85,13 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         Err(e) => return log.fail(format!("client identity: {e}")),
     };
     log.src_identity = Some(peer.to_string());
+    // With a CRL in force: what a reloaded one needs to revoke this peer.
+    let crl = core.revocations.watch(
+        CrlStore::global(),
+        Side::Inbound,
+        tls_stream.get_ref().1.peer_certificates(),
+        None,
+    );
 
     let s = core.cfg.h2;
     let handshake = h2::server::Builder::new()
@@ -107,16 +117,30 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let mut shutdown_signal = std::pin::pin!(shutdown_signal);
     let mut streams = 0u64;
     let mut draining = false;
+    let revoked = async {
+        match &crl {
+            Some(w) => w.revoked.wait().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut revoked = std::pin::pin!(revoked);
     loop {
-        let next = futures_lite::future::or(async { Some(h2.accept().await) }, async {
+        let accepted = futures_lite::future::or(async { Some(Some(h2.accept().await)) }, async {
             if draining {
                 // Done once: never poll the finished signal again.
                 std::future::pending::<()>().await;
             }
             shutdown_signal.as_mut().await;
+            Some(None)
+        });
+        let next = futures_lite::future::or(accepted, async {
+            revoked.as_mut().await;
             None
         })
         .await;
+        let Some(next) = next else {
+            return close_revoked(&core, &peer, h2, log, streams).await;
+        };
         match next {
             // Drain: GOAWAY, then keep serving the streams already open.
             None => {
@@ -141,6 +165,31 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         }
     }
     log.finish(format!("closed after {streams} streams"));
+}
+
+/// A reloaded CRL revoked the peer: its streams are reset (each logging
+/// why), then the connection is closed.
+async fn close_revoked<T>(
+    core: &CoreInputs,
+    peer: &Rc<Identity>,
+    h2: h2::server::Connection<T, Bytes>,
+    log: ConnLog,
+    streams: u64,
+) {
+    let open = core.admitted.revoke_streams_of(peer, REVOKED);
+    // Let the streams' tasks log and reset first: dropping the connection
+    // under them would end them with a vaguer error. Bounded: a task that
+    // does not run in time still ends when the connection drops.
+    for _ in 0..64 {
+        if !core.admitted.has_streams_of(peer) {
+            break;
+        }
+        crate::io::executor::timer::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    drop(h2);
+    log.fail(format!(
+        "{REVOKED}: closed with {open} open of {streams} streams"
+    ));
 }
 
 fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {

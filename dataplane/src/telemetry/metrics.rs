@@ -628,6 +628,17 @@ fn render_crl(out: &mut String, s: &CrlStats) {
         s.refused_inbound
     );
     let _ = writeln!(out, "{name}{{reporter=\"source\"}} {}", s.refused_outbound);
+    let name = "ringway_crl_closed_connections_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Open HBONE connections closed because a reloaded CRL revoked the peer's certificate.\n# TYPE {name} counter"
+    );
+    let _ = writeln!(out, "{name}{{direction=\"inbound\"}} {}", s.closed_inbound);
+    let _ = writeln!(
+        out,
+        "{name}{{direction=\"outbound\"}} {}",
+        s.closed_outbound
+    );
     let name = "ringway_crl_reloads_total";
     let _ = writeln!(
         out,
@@ -847,12 +858,16 @@ mod tests {
             last_reload: 1_800_000_000,
             refused_inbound: 7,
             refused_outbound: 4,
+            closed_inbound: 2,
+            closed_outbound: 1,
         };
         render_crl(&mut out, &stats);
         for line in [
             "# TYPE istio_crl_policy_rejections_total counter",
             "istio_crl_policy_rejections_total{reporter=\"destination\"} 7",
             "istio_crl_policy_rejections_total{reporter=\"source\"} 4",
+            "ringway_crl_closed_connections_total{direction=\"inbound\"} 2",
+            "ringway_crl_closed_connections_total{direction=\"outbound\"} 1",
             "ringway_crl_reloads_total{result=\"ok\"} 3",
             "ringway_crl_reloads_total{result=\"error\"} 1",
             "# TYPE ringway_crl_revoked_certificates gauge",

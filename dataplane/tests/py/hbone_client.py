@@ -208,7 +208,7 @@ class Client:
         except h2.exceptions.StreamClosedError:
             return False
         n = min(window, conn.max_outbound_frame_size,
-                st.payload.remaining, room)
+                st.payload.remaining - self.held(), room)
         if n <= 0:
             return False  # blocked until the server sends WINDOW_UPDATE
         chunk = st.payload.take(n)
@@ -216,6 +216,15 @@ class Client:
         st.sent += n
         st.sha_sent.update(chunk)
         return True
+
+    def held(self):
+        """Payload bytes kept back for now: with --hold, the second half of
+        each stream's payload until --hold seconds after the start (the
+        stream stays open meanwhile)."""
+        a = self.args
+        if a.hold and time.monotonic() - self.start < a.hold:
+            return a.send_bytes - a.send_bytes // 2
+        return 0
 
     def produce(self):
         """Push payload into h2, one frame per stream per round (fairness)."""
@@ -460,6 +469,9 @@ def parse_args(argv):
                    help="expect this :status on every stream")
     p.add_argument("--reset-after-send", action="store_true",
                    help="after the payload, send RST_STREAM(CANCEL) instead of END_STREAM")
+    p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
+                   help="send the second half of the payload (and END_STREAM) only "
+                        "SECONDS after the start: the stream stays open meanwhile")
     p.add_argument("--seed", type=int, default=0, help="payload seed (default 0)")
     p.add_argument("--window", type=window_arg, default=DEFAULT_STREAM_WINDOW,
                    help=f"our initial stream window (default {DEFAULT_STREAM_WINDOW})")

@@ -12,7 +12,6 @@
 
 pub mod authorization;
 pub mod config;
-pub mod revocation;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -58,7 +57,7 @@ pub struct CoreInputs {
     pub admitted: Rc<Registry>,
     /// HBONE connections (both directions) opened while a CRL was in
     /// force, re-checked when it is reloaded. The same as the client's.
-    pub revocations: Rc<revocation::Revocations>,
+    pub revocations: Rc<crate::hbone::revocation::Revocations>,
     /// True once shutdown began (stop accepting, send GOAWAY, drain).
     pub shutdown: watch::Receiver<bool>,
     /// Flips to true at the drain deadline: every connection still open is

@@ -19,7 +19,7 @@ use super::pool::{Lease, Pool, PoolConfig, PoolKey, PooledConn};
 use super::tls::Certificates;
 pub use super::HboneError;
 use super::{with_timeout, H2Settings};
-use crate::core::revocation::{Revocations, Watching, REVOKED};
+use crate::hbone::revocation::{Revocations, Watching, REVOKED};
 use crate::io::socket::{self, ConnectOpts};
 use crate::io::stream::FdStream;
 use crate::io::uring::Poller;

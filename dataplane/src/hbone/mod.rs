@@ -8,6 +8,8 @@
 //!   destination identity, destination IP}.
 //! - [`tls`]: a core's certificates, for both directions.
 //! - [`proxy_header`]: the PROXY v2 header of application tunnels.
+//! - [`revocation`]: a core's open HBONE connections by peer chain, closed
+//!   when a reloaded CRL revokes their peer.
 //!
 //! This module holds what both directions share: HTTP/2 settings, the
 //! stream ⇄ socket pump with correct flow control and FIN/RST mapping, and
@@ -16,6 +18,7 @@
 pub mod client;
 pub mod pool;
 pub mod proxy_header;
+pub mod revocation;
 pub mod tls;
 
 use std::cell::RefCell;

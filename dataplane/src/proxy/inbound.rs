@@ -23,7 +23,7 @@ use ringway_controlplane::model::routing::{inbound_service_port, inbound_upstrea
 use ringway_controlplane::security::crl::{CrlStore, Side};
 
 use crate::core::authorization::{self, Inbound, Refused, Ticket};
-use crate::core::revocation::REVOKED;
+use crate::hbone::revocation::REVOKED;
 
 use crate::core::{spawn_cancellable, CoreInputs};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};

@@ -23,6 +23,11 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v dig >/dev/null 2>&1 || need+=(dnsutils)
 # promtool (Prometheus's checker) validates a real scrape of 15020.
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# runc and umoci: the deploy and image checks run ringway in a container.
+# Installed here, once, rather than by those two tests at the same time
+# (parallel apt-get runs fight over dpkg's lock).
+command -v runc >/dev/null 2>&1 || need+=(runc)
+command -v umoci >/dev/null 2>&1 || need+=(umoci)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

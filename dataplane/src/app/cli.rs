@@ -344,6 +344,25 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
 
+    /// Inbound HBONE: dials to workloads in flight per h2 connection; a
+    /// stream over it is refused (REFUSED_STREAM) at once. The default is
+    /// the streams 15008 lets a connection open (200): peers' pools open
+    /// up to 100 at once (ztunnel's and ringway's default), and a lower cap
+    /// would refuse their bursts.
+    #[arg(long, env = "RINGWAY_MAX_DIALS_PER_CONNECTION", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_dials_per_connection: u64,
+
+    /// Inbound HBONE: dials to workloads in flight per core, all peers
+    /// together; a stream over it is refused (REFUSED_STREAM) at once.
+    #[arg(long, env = "RINGWAY_MAX_DIALS_PER_CORE", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_dials_per_core: u64,
+
+    /// Inbound HBONE: streams a peer may reset before ringway answered
+    /// them, per connection and 10 s; past it the connection gets GOAWAY
+    /// (ENHANCE_YOUR_CALM) and is closed.
+    #[arg(long, env = "RINGWAY_MAX_EARLY_RESETS", default_value_t = 100)]
+    pub max_early_resets: u32,
+
     /// Port of peers' HBONE listeners.
     #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
     pub hbone_port: u16,
@@ -853,6 +872,11 @@ impl Args {
             fast_path: !self.no_fast_path,
             dns: None,
             response_baggage: !self.no_response_baggage,
+            dials: crate::core::limits::DialLimits {
+                per_connection: self.max_dials_per_connection as usize,
+                per_core: self.max_dials_per_core as usize,
+                early_resets: self.max_early_resets,
+            },
             pool: PoolConfig {
                 max_streams: self.pool_max_streams.max(1),
                 idle_timeout: self.pool_idle_timeout,

@@ -44,4 +44,7 @@ pub struct ProxyConfig {
     /// Inbound HBONE answers carry the destination's `baggage` (ztunnel's
     /// `ENABLE_RESPONSE_BAGGAGE`): off, peers learn nothing of it.
     pub response_baggage: bool,
+    /// Inbound HBONE: dials in flight per connection and per core, and
+    /// early resets before GOAWAY.
+    pub dials: crate::core::limits::DialLimits,
 }

@@ -9,9 +9,12 @@
 //! - [`config`]: the settings every core runs with.
 //! - [`authorization`]: admission of inbound connections by policy, and
 //!   late rejection.
+//! - [`limits`]: what bounds one peer's work on a core (dials in flight,
+//!   early resets, refusal log lines).
 
 pub mod authorization;
 pub mod config;
+pub mod limits;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -71,6 +74,12 @@ pub struct CoreInputs {
     /// Requests to the control thread: on-demand destinations. Lock-free
     /// queues; the core never blocks on them.
     pub control: ControlHandles,
+    /// Inbound HBONE dials in flight on this core.
+    pub dials: Rc<limits::CoreDials>,
+    /// One log line a second for refused dials.
+    pub dial_refusals_log: limits::LogLimiter,
+    /// One log line a second for GOAWAYs sent to peers that reset early.
+    pub calm_log: limits::LogLimiter,
     /// Dedicated mode: the proxy workload's uid in the snapshot of the
     /// version noted, found once per version (a scan of the workloads).
     proxy_workload_uid: RefCell<Option<(u64, Option<Str>)>>,
@@ -111,6 +120,9 @@ impl CoreInputs {
             force_close,
             snapshot: RefCell::new(Rc::new(snapshot)),
             control,
+            dials: Rc::default(),
+            dial_refusals_log: limits::LogLimiter::default(),
+            calm_log: limits::LogLimiter::default(),
             proxy_workload_uid: RefCell::new(None),
         }
     }

@@ -16,6 +16,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
+use h2::Reason;
 use http::{Method, Request, Response, StatusCode};
 use ringway_controlplane::model::identity::Identity;
 use ringway_controlplane::model::routing::{inbound_service_port, inbound_upstream};
@@ -25,6 +26,7 @@ use ringway_controlplane::security::crl::{CrlStore, Side};
 use crate::core::authorization::{self, Inbound, Refused, Ticket};
 use crate::hbone::revocation::REVOKED;
 
+use crate::core::limits::{ConnDials, DialPermit, OverCap};
 use crate::core::{spawn_cancellable, CoreInputs};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
@@ -124,40 +126,67 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         }
     };
     let mut revoked = std::pin::pin!(revoked);
+    // This connection's dials in flight and early resets.
+    let dials = ConnDials::new(&core.cfg.dials);
+    let calm = dials.calm.wait();
+    let mut calm = std::pin::pin!(calm);
     loop {
-        let accepted = futures_lite::future::or(async { Some(Some(h2.accept().await)) }, async {
-            if draining {
-                // Done once: never poll the finished signal again.
-                std::future::pending::<()>().await;
-            }
-            shutdown_signal.as_mut().await;
-            Some(None)
-        });
-        let next = futures_lite::future::or(accepted, async {
-            revoked.as_mut().await;
-            None
-        })
-        .await;
-        let Some(next) = next else {
-            return close_revoked(&core, &peer, h2, log, streams).await;
-        };
-        match next {
+        let accepted =
+            futures_lite::future::or(async { Event::Stream(h2.accept().await) }, async {
+                if draining {
+                    // Done once: never poll the finished signal again.
+                    std::future::pending::<()>().await;
+                }
+                shutdown_signal.as_mut().await;
+                Event::Shutdown
+            });
+        let alarms = futures_lite::future::or(
+            async {
+                revoked.as_mut().await;
+                Event::Revoked
+            },
+            async {
+                calm.as_mut().await;
+                Event::Calm
+            },
+        );
+        match futures_lite::future::or(accepted, alarms).await {
+            Event::Revoked => return close_revoked(&core, &peer, h2, log, streams).await,
+            Event::Calm => return calm_down(&core, &peer, h2, log, streams).await,
             // Drain: GOAWAY, then keep serving the streams already open.
-            None => {
+            Event::Shutdown => {
                 draining = true;
                 h2.graceful_shutdown();
             }
-            Some(None) => break,
-            Some(Some(Ok((request, respond)))) => {
+            Event::Stream(None) => break,
+            Event::Stream(Some(Ok((request, mut respond)))) => {
                 streams += 1;
+                // Over a cap: refused before anything is looked at, and
+                // without an access-log line each (a peer that floods
+                // would flood the log); the counter keeps the full count.
+                let permit = match DialPermit::take(
+                    &core.cfg.dials,
+                    &core.dials,
+                    &dials,
+                    &core.metrics.stats,
+                ) {
+                    Ok(p) => p,
+                    Err(over) => {
+                        respond.send_reset(Reason::REFUSED_STREAM);
+                        refuse_over_cap(&core, &peer, over);
+                        continue;
+                    }
+                };
                 let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound)
                     .in_pod(log.pod.as_deref());
-                let tunnel = admit(&core, conn_src, dst, &peer, request, respond, stream_log);
+                let tunnel = admit(
+                    &core, conn_src, dst, &peer, request, respond, stream_log, permit,
+                );
                 if let Some(tunnel) = tunnel {
                     spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), tunnel);
                 }
             }
-            Some(Some(Err(e))) => {
+            Event::Stream(Some(Err(e))) => {
                 return log.fail(format!(
                     "HTTP/2 connection error after {streams} streams: {e}"
                 ));
@@ -165,6 +194,65 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         }
     }
     log.finish(format!("closed after {streams} streams"));
+}
+
+/// What the connection's loop waits for.
+enum Event<T> {
+    Stream(Option<Result<T, h2::Error>>),
+    Shutdown,
+    Revoked,
+    Calm,
+}
+
+/// Refuses a stream over a dial cap: REFUSED_STREAM rather than a 503,
+/// because it tells the client (RFC 9113 §8.7) that nothing was done, so
+/// a retry (on another connection, or later) is safe, and it costs no
+/// HEADERS frame. Counted always, logged at most once a second per core.
+fn refuse_over_cap(core: &CoreInputs, peer: &Identity, over: OverCap) {
+    let stats = &core.metrics.stats;
+    crate::core::limits::count_and_log(&stats.dials_refused, &core.dial_refusals_log, |n| {
+        let (limit, flag) = match over {
+            OverCap::Connection => (core.cfg.dials.per_connection, "--max-dials-per-connection"),
+            OverCap::Core => (core.cfg.dials.per_core, "--max-dials-per-core"),
+        };
+        tracing::warn!(
+            core = core.index,
+            peer = %peer,
+            suppressed = n,
+            "inbound HBONE stream refused (REFUSED_STREAM): {limit} dials in flight \
+             ({flag}); suppressed {n} such lines"
+        );
+    });
+}
+
+/// The peer reset too many streams before their answer: GOAWAY with
+/// ENHANCE_YOUR_CALM, a second at most to send it, then the connection is
+/// closed (its open tunnels with it).
+async fn calm_down<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    core: &CoreInputs,
+    peer: &Rc<Identity>,
+    mut h2: h2::server::Connection<T, Bytes>,
+    log: ConnLog,
+    streams: u64,
+) {
+    let limit = core.cfg.dials.early_resets;
+    crate::core::limits::count_and_log(&core.metrics.stats.calm_goaways, &core.calm_log, |n| {
+        tracing::warn!(
+            core = core.index,
+            peer = %**peer,
+            suppressed = n,
+            "inbound HBONE connection sent GOAWAY (ENHANCE_YOUR_CALM): over {limit} streams \
+             reset before their answer within 10 s (--max-early-resets); suppressed {n} such lines"
+        );
+    });
+    h2.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+    let flush = async { while let Some(Ok(_)) = h2.accept().await {} };
+    let _ = with_timeout(std::time::Duration::from_secs(1), flush).await;
+    drop(h2);
+    log.fail(format!(
+        "GOAWAY (ENHANCE_YOUR_CALM): over {limit} streams reset before their answer, \
+         after {streams} streams"
+    ));
 }
 
 /// A reloaded CRL revoked the peer: its streams are reset (each logging
@@ -204,7 +292,8 @@ fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 /// await needed) and returns the task that connects to the local workload,
 /// answers 200 and pumps; None when it was answered 400/401/503 and logged.
 /// Split this way so an open tunnel's task does not keep the request
-/// (headers, URI) alive.
+/// (headers, URI) alive. `permit` counts the dial from here on.
+#[allow(clippy::too_many_arguments)] // the stream's parts, and its dial's permit
 fn admit(
     core: &Rc<CoreInputs>,
     conn_src: SocketAddr,
@@ -213,6 +302,7 @@ fn admit(
     request: Request<h2::RecvStream>,
     mut respond: SendResponse<Bytes>,
     mut log: ConnLog,
+    permit: DialPermit,
 ) -> Option<impl std::future::Future<Output = ()>> {
     log.route = "hbone";
     log.src_identity = Some(peer.to_string());
@@ -365,6 +455,7 @@ fn admit(
             addr: upstream.addr,
             from,
             header,
+            permit,
         }),
         respond,
         request.into_body(),
@@ -470,6 +561,17 @@ struct Upstream {
     from: Option<IpAddr>,
     /// A PROXY header to write first.
     header: Option<Vec<u8>>,
+    /// Counts the dial in flight until it ends.
+    permit: DialPermit,
+}
+
+/// Why a dial gave no upstream.
+enum DialFailed {
+    /// Could not connect: the stream is answered 503.
+    Failed(String),
+    /// The peer reset the stream first: the dial was abandoned (its socket
+    /// closed), nothing to answer.
+    Abandoned(String),
 }
 
 async fn carry(
@@ -484,13 +586,14 @@ async fn carry(
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
     let target = upstream.addr;
-    let connecting = Box::pin(connect_upstream(core, upstream, log.netns()));
+    let connecting = Box::pin(dial(core, upstream, &mut respond, log.netns()));
     let upstream = match connecting.await {
         Ok(s) => s,
-        Err(why) => {
+        Err(DialFailed::Failed(why)) => {
             reply(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
             return log.fail(format!("503: {why}"));
         }
+        Err(DialFailed::Abandoned(why)) => return log.fail(why),
     };
     let send = match respond.send_response(ok_response(core, target), false) {
         Ok(s) => s,
@@ -511,20 +614,54 @@ async fn carry(
     }
 }
 
-/// Connects to the local workload and writes the PROXY header, if any:
-/// one boxed phase, so that an open tunnel keeps none of it.
+/// Connects to the local workload, unless the peer resets the stream
+/// first: then the dial is dropped (its socket closed) and the reset
+/// counted against the connection. Without the race, a peer's HEADERS
+/// then RST would leave a dial behind each (see `core::limits`).
+async fn dial(
+    core: &CoreInputs,
+    upstream: Box<Upstream>,
+    respond: &mut SendResponse<Bytes>,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<OwnedFd, DialFailed> {
+    let Upstream {
+        addr,
+        from,
+        header,
+        permit,
+    } = *upstream;
+    let connecting = async {
+        connect_upstream(core, addr, from, header, netns)
+            .await
+            .map_err(DialFailed::Failed)
+    };
+    let reset = async {
+        let reset = futures_lite::future::poll_fn(|cx| respond.poll_reset(cx)).await;
+        let why = match reset {
+            Ok(reason) => {
+                core.metrics.stats.dials_abandoned.add(1);
+                permit.conn().early_reset();
+                format!("reset by the peer ({reason}) before the dial completed: abandoned")
+            }
+            Err(e) => format!("HTTP/2 stream failed before the dial completed: {e}"),
+        };
+        Err(DialFailed::Abandoned(why))
+    };
+    let dialled = futures_lite::future::or(connecting, reset).await;
+    drop(permit);
+    dialled
+}
+
+/// Connects to the local workload and writes the PROXY header, if any.
 /// In-pod mode, `netns` is the pod's: the application is reached from
 /// inside it.
 async fn connect_upstream(
     core: &CoreInputs,
-    upstream: Box<Upstream>,
+    target: SocketAddr,
+    from: Option<IpAddr>,
+    header: Option<Vec<u8>>,
     netns: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<OwnedFd, String> {
-    let Upstream {
-        addr: target,
-        from,
-        header,
-    } = *upstream;
     let upstream = socket::connect_from(&core.poller, target, core.cfg.connect, from, netns)
         .await
         .map_err(|e| format!("connect to {target} failed: {e}"))?;

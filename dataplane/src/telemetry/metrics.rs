@@ -165,6 +165,16 @@ pub struct CoreStats {
     pub dns_pending_full: Counter,
     /// DNS: TCP clients closed at once because the core had its cap.
     pub dns_tcp_refused: Counter,
+    /// Inbound HBONE: dials to workloads in flight (gauge).
+    pub dials_in_flight: Counter,
+    /// Inbound HBONE: streams refused (REFUSED_STREAM) because their
+    /// connection or the core had its cap of dials in flight.
+    pub dials_refused: Counter,
+    /// Inbound HBONE: dials abandoned because the peer reset the stream.
+    pub dials_abandoned: Counter,
+    /// Inbound HBONE: connections sent GOAWAY (ENHANCE_YOUR_CALM) for
+    /// resetting too many streams before their answer.
+    pub calm_goaways: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -463,7 +473,7 @@ impl MetricsHub {
             process.log_lines_dropped
         );
         self.dns.render(&mut out);
-        let per_core: [PerCore; 20] = [
+        let per_core: [PerCore; 24] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -583,6 +593,30 @@ impl MetricsHub {
                 "counter",
                 "DNS TCP clients closed at once because the core had its cap of connections",
                 |s| s.dns_tcp_refused.get(),
+            ),
+            (
+                "ringway_core_inbound_dials_in_flight",
+                "gauge",
+                "Inbound HBONE dials to workloads in flight on a core",
+                |s| s.dials_in_flight.get(),
+            ),
+            (
+                "ringway_core_inbound_dials_refused_total",
+                "counter",
+                "Inbound HBONE streams refused (REFUSED_STREAM) at the cap of dials in flight per connection or per core",
+                |s| s.dials_refused.get(),
+            ),
+            (
+                "ringway_core_inbound_dials_abandoned_total",
+                "counter",
+                "Inbound HBONE dials abandoned because the peer reset the stream before it was answered",
+                |s| s.dials_abandoned.get(),
+            ),
+            (
+                "ringway_core_inbound_calm_goaways_total",
+                "counter",
+                "Inbound HBONE connections sent GOAWAY (ENHANCE_YOUR_CALM) for resetting too many streams before their answer",
+                |s| s.calm_goaways.get(),
             ),
         ];
         if let Some(x) = xds {

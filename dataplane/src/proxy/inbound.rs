@@ -26,6 +26,7 @@ use crate::core::authorization::{self, Inbound, Refused, Ticket};
 use crate::hbone::revocation::REVOKED;
 
 use crate::core::{spawn_cancellable, CoreInputs};
+use crate::hbone::liveness::{self, Liveness, OpenStream};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
 use crate::io::listener::TrafficPath;
@@ -124,6 +125,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         }
     };
     let mut revoked = std::pin::pin!(revoked);
+    // Time bounds (hbone::liveness): the SETTINGS ACK, keepalive, idle.
+    let mut watch = h2
+        .ping_pong()
+        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout));
+    let open = Rc::new(std::cell::Cell::new(0usize));
+    let mut ending = "closed";
     loop {
         let accepted = futures_lite::future::or(async { Some(Some(h2.accept().await)) }, async {
             if draining {
@@ -136,8 +143,58 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         let next = futures_lite::future::or(accepted, async {
             revoked.as_mut().await;
             None
+        });
+        let watched = async {
+            match watch.as_mut() {
+                Some(w) => w.as_mut().await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = match futures_lite::future::or(async { Ok(next.await) }, async {
+            Err(watched.await)
         })
-        .await;
+        .await
+        {
+            Ok(next) => next,
+            Err((seen, pings)) => {
+                let t = core.cfg.hbone_server;
+                let stats = &core.metrics.stats;
+                watch = None;
+                match seen {
+                    // Our SETTINGS still unacknowledged (see liveness).
+                    Liveness::Answered if h2.set_initial_window_size(s.stream_window).is_err() => {
+                        stats.hbone_settings_ack_timeouts.add(1);
+                        return log.fail("answered a PING but did not ACK our SETTINGS: cut off");
+                    }
+                    Liveness::Answered => watch = Some(liveness::keepalive(pings, t, open.clone())),
+                    Liveness::NoSettingsAck => {
+                        stats.hbone_settings_ack_timeouts.add(1);
+                        return log.fail(format!(
+                            "no SETTINGS ACK (PING answer) within {:?} (--handshake-timeout): cut off",
+                            core.cfg.handshake_timeout
+                        ));
+                    }
+                    Liveness::NoPong => {
+                        stats.hbone_keepalive_timeouts.add(1);
+                        return log.fail(format!(
+                            "keepalive PING not answered within {:?} (--hbone-keepalive-timeout) after {streams} streams",
+                            t.keepalive_timeout
+                        ));
+                    }
+                    // Idle again while closing: the GOAWAY went unheeded.
+                    Liveness::Idle if draining => break,
+                    Liveness::Idle => {
+                        stats.hbone_idle_closes.add(1);
+                        ending = "closed idle (--hbone-idle-timeout)";
+                        draining = true;
+                        h2.graceful_shutdown();
+                        watch = Some(liveness::keepalive(pings, t, open.clone()));
+                    }
+                    Liveness::Gone => {}
+                }
+                continue;
+            }
+        };
         let Some(next) = next else {
             return close_revoked(&core, &peer, h2, log, streams).await;
         };
@@ -154,7 +211,11 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                     .in_pod(log.pod.as_deref());
                 let tunnel = admit(&core, conn_src, dst, &peer, request, respond, stream_log);
                 if let Some(tunnel) = tunnel {
-                    spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), tunnel);
+                    let held = OpenStream::new(&open);
+                    spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), async move {
+                        let _held = held;
+                        tunnel.await
+                    });
                 }
             }
             Some(Some(Err(e))) => {
@@ -164,7 +225,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
             }
         }
     }
-    log.finish(format!("closed after {streams} streams"));
+    log.finish(format!("{ending} after {streams} streams"));
 }
 
 /// A reloaded CRL revoked the peer: its streams are reset (each logging

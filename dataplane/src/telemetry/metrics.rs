@@ -165,6 +165,13 @@ pub struct CoreStats {
     pub dns_pending_full: Counter,
     /// DNS: TCP clients closed at once because the core had its cap.
     pub dns_tcp_refused: Counter,
+    /// Inbound HBONE connections cut because the client did not ACK our
+    /// SETTINGS (answer the first PING) within --handshake-timeout.
+    pub hbone_settings_ack_timeouts: Counter,
+    /// Inbound HBONE connections closed for an unanswered keepalive PING.
+    pub hbone_keepalive_timeouts: Counter,
+    /// Inbound HBONE connections closed for --hbone-idle-timeout.
+    pub hbone_idle_closes: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -463,7 +470,7 @@ impl MetricsHub {
             process.log_lines_dropped
         );
         self.dns.render(&mut out);
-        let per_core: [PerCore; 20] = [
+        let per_core: [PerCore; 23] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -583,6 +590,24 @@ impl MetricsHub {
                 "counter",
                 "DNS TCP clients closed at once because the core had its cap of connections",
                 |s| s.dns_tcp_refused.get(),
+            ),
+            (
+                "ringway_core_hbone_settings_ack_timeouts_total",
+                "counter",
+                "Inbound HBONE connections cut: no SETTINGS ACK within the handshake timeout",
+                |s| s.hbone_settings_ack_timeouts.get(),
+            ),
+            (
+                "ringway_core_hbone_keepalive_timeouts_total",
+                "counter",
+                "Inbound HBONE connections closed: a keepalive PING went unanswered",
+                |s| s.hbone_keepalive_timeouts.get(),
+            ),
+            (
+                "ringway_core_hbone_idle_closes_total",
+                "counter",
+                "Inbound HBONE connections closed after the idle timeout with no open stream",
+                |s| s.hbone_idle_closes.get(),
             ),
         ];
         if let Some(x) = xds {

@@ -16,6 +16,7 @@ use crate::core::config::ProxyConfig;
 use crate::dns::answer::DnsSettings;
 use crate::dns::names::ClusterDomain;
 use crate::dns::DnsProxySettings;
+use crate::hbone::liveness::ServerTimeouts;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
@@ -362,6 +363,23 @@ pub struct Args {
     /// (ENHANCE_YOUR_CALM) and is closed.
     #[arg(long, env = "RINGWAY_MAX_EARLY_RESETS", default_value_t = 100)]
     pub max_early_resets: u32,
+    /// Inbound HBONE (15008): PING each connection this often, as
+    /// ztunnel's server does (it has no variable for it); with
+    /// --hbone-keepalive-timeout, a peer that vanished without a FIN or
+    /// RST stops holding its connection.
+    #[arg(long, env = "RINGWAY_HBONE_KEEPALIVE_INTERVAL", default_value = "10s", value_parser = parse_nonzero_duration)]
+    pub hbone_keepalive_interval: Duration,
+
+    /// Inbound HBONE: close a connection whose PING is not answered
+    /// within this (ztunnel's server: 20 s).
+    #[arg(long, env = "RINGWAY_HBONE_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = parse_nonzero_duration)]
+    pub hbone_keepalive_timeout: Duration,
+
+    /// Inbound HBONE: close (GOAWAY) a connection with no open stream for
+    /// this long; 0 = never, the default, as ztunnel's server (its
+    /// clients release idle connections after 5 min themselves).
+    #[arg(long, env = "RINGWAY_HBONE_IDLE_TIMEOUT", default_value = "0", value_parser = parse_duration)]
+    pub hbone_idle_timeout: Duration,
 
     /// Port of peers' HBONE listeners.
     #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
@@ -863,6 +881,11 @@ impl Args {
                 max_frame_size: self.h2_max_frame_size,
             },
             handshake_timeout: self.handshake_timeout,
+            hbone_server: ServerTimeouts {
+                keepalive_interval: self.hbone_keepalive_interval,
+                keepalive_timeout: self.hbone_keepalive_timeout,
+                idle: Some(self.hbone_idle_timeout).filter(|d| !d.is_zero()),
+            },
             on_demand_timeout: self.on_demand_timeout,
             cert_wait_timeout: self.cert_wait_timeout,
             node_name: self.node_name.clone(),

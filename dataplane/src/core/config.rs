@@ -7,6 +7,7 @@ use std::time::Duration;
 use ringway_controlplane::model::WorkloadName;
 
 use crate::dns::DnsProxySettings;
+use crate::hbone::liveness::ServerTimeouts;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
@@ -27,6 +28,8 @@ pub struct ProxyConfig {
     pub h2: H2Settings,
     pub pool: PoolConfig,
     pub handshake_timeout: Duration,
+    /// Inbound HBONE connections' keepalive and idle bounds.
+    pub hbone_server: ServerTimeouts,
     pub on_demand_timeout: Duration,
     pub cert_wait_timeout: Duration,
     /// Inbound serves only workloads on this node (None: every workload).

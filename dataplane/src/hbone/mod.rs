@@ -16,6 +16,7 @@
 //! the HBONE request headers.
 
 pub mod client;
+pub mod liveness;
 pub mod pool;
 pub mod proxy_header;
 pub mod revocation;

@@ -28,6 +28,7 @@ use crate::hbone::revocation::REVOKED;
 
 use crate::core::limits::{ConnDials, DialPermit, OverCap};
 use crate::core::{spawn_cancellable, CoreInputs};
+use crate::hbone::liveness::{self, Liveness, OpenStream};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
 use crate::io::listener::TrafficPath;
@@ -130,6 +131,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     let dials = ConnDials::new(&core.cfg.dials);
     let calm = dials.calm.wait();
     let mut calm = std::pin::pin!(calm);
+    // Time bounds (hbone::liveness): the SETTINGS ACK, keepalive, idle.
+    let mut watch = h2
+        .ping_pong()
+        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout));
+    let open = Rc::new(std::cell::Cell::new(0usize));
+    let mut ending = "closed";
     loop {
         let accepted =
             futures_lite::future::or(async { Event::Stream(h2.accept().await) }, async {
@@ -150,9 +157,54 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 Event::Calm
             },
         );
-        match futures_lite::future::or(accepted, alarms).await {
+        let watched = async {
+            match watch.as_mut() {
+                Some(w) => Event::Liveness(w.as_mut().await),
+                None => std::future::pending().await,
+            }
+        };
+        let event =
+            futures_lite::future::or(futures_lite::future::or(accepted, alarms), watched).await;
+        match event {
             Event::Revoked => return close_revoked(&core, &peer, h2, log, streams).await,
             Event::Calm => return calm_down(&core, &peer, h2, log, streams).await,
+            Event::Liveness((seen, pings)) => {
+                let t = core.cfg.hbone_server;
+                let stats = &core.metrics.stats;
+                watch = None;
+                match seen {
+                    // Our SETTINGS still unacknowledged (see liveness).
+                    Liveness::Answered if h2.set_initial_window_size(s.stream_window).is_err() => {
+                        stats.hbone_settings_ack_timeouts.add(1);
+                        return log.fail("answered a PING but did not ACK our SETTINGS: cut off");
+                    }
+                    Liveness::Answered => watch = Some(liveness::keepalive(pings, t, open.clone())),
+                    Liveness::NoSettingsAck => {
+                        stats.hbone_settings_ack_timeouts.add(1);
+                        return log.fail(format!(
+                            "no SETTINGS ACK (PING answer) within {:?} (--handshake-timeout): cut off",
+                            core.cfg.handshake_timeout
+                        ));
+                    }
+                    Liveness::NoPong => {
+                        stats.hbone_keepalive_timeouts.add(1);
+                        return log.fail(format!(
+                            "keepalive PING not answered within {:?} (--hbone-keepalive-timeout) after {streams} streams",
+                            t.keepalive_timeout
+                        ));
+                    }
+                    // Idle again while closing: the GOAWAY went unheeded.
+                    Liveness::Idle if draining => break,
+                    Liveness::Idle => {
+                        stats.hbone_idle_closes.add(1);
+                        ending = "closed idle (--hbone-idle-timeout)";
+                        draining = true;
+                        h2.graceful_shutdown();
+                        watch = Some(liveness::keepalive(pings, t, open.clone()));
+                    }
+                    Liveness::Gone => {}
+                }
+            }
             // Drain: GOAWAY, then keep serving the streams already open.
             Event::Shutdown => {
                 draining = true;
@@ -183,7 +235,11 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                     &core, conn_src, dst, &peer, request, respond, stream_log, permit,
                 );
                 if let Some(tunnel) = tunnel {
-                    spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), tunnel);
+                    let held = OpenStream::new(&open);
+                    spawn_cancellable(&core, log.pod.as_deref().map(|p| &**p), async move {
+                        let _held = held;
+                        tunnel.await
+                    });
                 }
             }
             Event::Stream(Some(Err(e))) => {
@@ -193,7 +249,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
             }
         }
     }
-    log.finish(format!("closed after {streams} streams"));
+    log.finish(format!("{ending} after {streams} streams"));
 }
 
 /// What the connection's loop waits for.
@@ -202,6 +258,8 @@ enum Event<T> {
     Shutdown,
     Revoked,
     Calm,
+    /// The liveness watch ended (hbone::liveness), with the PING handle.
+    Liveness((Liveness, h2::PingPong)),
 }
 
 /// Refuses a stream over a dial cap: REFUSED_STREAM rather than a 503,

@@ -2,10 +2,12 @@
 //! 15000), on the control thread: deliberately small, HTTP/1.1, one
 //! request per connection. What answers is the caller's.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::AbortHandle;
 
 /// An answer: status line, content type, body.
 pub type Answer = (&'static str, &'static str, String);
@@ -17,26 +19,48 @@ pub const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Requests larger than this get 431 and a close.
 const MAX_REQUEST: usize = 8 << 10;
 
+/// Connections a port serves at once. At the cap a new connection
+/// displaces the oldest: a kubelet probe or a scrape is answered in
+/// milliseconds, so the oldest is the slowest (a slowloris client), and
+/// descriptors stay bounded while probes keep being answered.
+const MAX_CONNECTIONS: usize = 64;
+
+/// The request head must arrive within this (whatever its pace).
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The answer must be written within this: a client that does not read
+/// does not hold its connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A deliberately small HTTP/1.1 server for the side endpoints (readiness
 /// for kubelet, metrics for Prometheus, admin): one request per
 /// connection, answered by `answer(method, path, query)` with (status,
 /// content type, body). What it is not made for gets a 4xx and a close,
 /// never a crash: a request that is not HTTP 400, one over 8 KiB 431, one
-/// slower than 5 s is closed.
+/// slower than 5 s is closed, as is an answer not taken within 10 s; at
+/// most 64 connections at once (the oldest gives way).
 pub async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
 where
     F: Fn(&str, &str, &str) -> Answer + Send + Sync + 'static,
 {
     let answer = Arc::new(answer);
+    // The connections being served, oldest first (only this loop uses it).
+    let mut live: VecDeque<AbortHandle> = VecDeque::with_capacity(MAX_CONNECTIONS);
     loop {
         let Ok((mut s, _)) = listener.accept().await else {
             // Out of descriptors, say: do not spin.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        live.retain(|h| !h.is_finished());
+        if live.len() >= MAX_CONNECTIONS {
+            if let Some(oldest) = live.pop_front() {
+                oldest.abort();
+            }
+        }
         let answer = answer.clone();
-        tokio::spawn(async move {
-            let head = tokio::time::timeout(Duration::from_secs(5), read_head(&mut s)).await;
+        let task = tokio::spawn(async move {
+            let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut s)).await;
             let (status, kind, body) = match head {
                 Err(_) => return, // too slow: closed
                 Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
@@ -57,10 +81,13 @@ where
                 "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()
             );
-            if s.write_all(resp.as_bytes()).await.is_ok() {
-                let _ = s.write_all(body.as_bytes()).await;
-            }
+            let write = async {
+                s.write_all(resp.as_bytes()).await?;
+                s.write_all(body.as_bytes()).await
+            };
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, write).await;
         });
+        live.push_back(task.abort_handle());
     }
 }
 

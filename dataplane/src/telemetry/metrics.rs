@@ -175,6 +175,13 @@ pub struct CoreStats {
     /// Inbound HBONE: connections sent GOAWAY (ENHANCE_YOUR_CALM) for
     /// resetting too many streams before their answer.
     pub calm_goaways: Counter,
+    /// Inbound HBONE connections cut because the client did not ACK our
+    /// SETTINGS (answer the first PING) within --handshake-timeout.
+    pub hbone_settings_ack_timeouts: Counter,
+    /// Inbound HBONE connections closed for an unanswered keepalive PING.
+    pub hbone_keepalive_timeouts: Counter,
+    /// Inbound HBONE connections closed for --hbone-idle-timeout.
+    pub hbone_idle_closes: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -473,7 +480,7 @@ impl MetricsHub {
             process.log_lines_dropped
         );
         self.dns.render(&mut out);
-        let per_core: [PerCore; 24] = [
+        let per_core: [PerCore; 27] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -617,6 +624,24 @@ impl MetricsHub {
                 "counter",
                 "Inbound HBONE connections sent GOAWAY (ENHANCE_YOUR_CALM) for resetting too many streams before their answer",
                 |s| s.calm_goaways.get(),
+            ),
+            (
+                "ringway_core_hbone_settings_ack_timeouts_total",
+                "counter",
+                "Inbound HBONE connections cut: no SETTINGS ACK within the handshake timeout",
+                |s| s.hbone_settings_ack_timeouts.get(),
+            ),
+            (
+                "ringway_core_hbone_keepalive_timeouts_total",
+                "counter",
+                "Inbound HBONE connections closed: a keepalive PING went unanswered",
+                |s| s.hbone_keepalive_timeouts.get(),
+            ),
+            (
+                "ringway_core_hbone_idle_closes_total",
+                "counter",
+                "Inbound HBONE connections closed after the idle timeout with no open stream",
+                |s| s.hbone_idle_closes.get(),
             ),
         ];
         if let Some(x) = xds {

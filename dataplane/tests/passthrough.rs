@@ -239,7 +239,7 @@ fn thousand_concurrent_connections_use_both_cores() {
     let (ns, rw) = rig("conc", &["--cores", "2"]);
     const N: usize = 1000;
     ns.enter(|| {
-        raise_nofile();
+        common::raise_nofile();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -305,19 +305,6 @@ fn thousand_concurrent_connections_use_both_cores() {
         logs.iter().all(|l| l["outcome"] == "closed"),
         "every connection closed cleanly"
     );
-}
-
-fn raise_nofile() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        lim.rlim_cur = lim.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-    }
 }
 
 /// Two namespaces joined by a veth pair: a "pod" with ringway capturing

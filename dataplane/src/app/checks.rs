@@ -96,23 +96,30 @@ pub fn io_uring_diagnosis(e: &std::io::Error, sysctl: Option<u8>) -> String {
     }
 }
 
-/// Raise RLIMIT_NOFILE to its hard limit: a busy node proxy holds several
-/// fds per connection (two sockets, and pipes while bytes move).
-pub fn raise_nofile() {
+/// Raises RLIMIT_NOFILE to its hard limit, as ztunnel does: a busy node
+/// proxy holds several fds per connection (two sockets, and pipes while
+/// bytes move). Returns the soft limit now in force (what the connection
+/// caps are derived from).
+pub fn raise_nofile() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit writes into the struct we pass.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max
-    {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    if lim.rlim_cur < lim.rlim_max {
         let raised = libc::rlimit {
             rlim_cur: lim.rlim_max,
             rlim_max: lim.rlim_max,
         };
         // SAFETY: setrlimit reads the struct we pass.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
     }
+    lim.rlim_cur
 }
 
 #[cfg(test)]

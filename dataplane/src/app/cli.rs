@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use ringway_controlplane::model::WorkloadName;
 
 use super::plan::PinMode;
-use crate::core::config::ProxyConfig;
+use crate::core::config::{ConnCaps, ProxyConfig};
 use crate::dns::answer::DnsSettings;
 use crate::dns::names::ClusterDomain;
 use crate::dns::DnsProxySettings;
@@ -456,6 +456,54 @@ pub struct Args {
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,
 
+    /// Connections a core keeps open at once over all its listeners
+    /// (HBONE streams not counted); past it the core stops accepting until
+    /// one closes. Default: RLIMIT_NOFILE less 256 in reserve, over 4 fds
+    /// a connection, shared by the cores.
+    #[arg(long, env = "RINGWAY_MAX_CONNECTIONS_PER_CORE")]
+    pub max_connections_per_core: Option<usize>,
+
+    /// Cap per core on the outbound listener (15001); default: the total.
+    #[arg(
+        long,
+        env = "RINGWAY_MAX_OUTBOUND_CONNECTIONS_PER_CORE",
+        default_value_t = 0
+    )]
+    pub max_outbound_connections_per_core: usize,
+
+    /// Cap per core on the inbound passthrough listener (15006); default:
+    /// the total.
+    #[arg(
+        long,
+        env = "RINGWAY_MAX_INBOUND_PASSTHROUGH_CONNECTIONS_PER_CORE",
+        default_value_t = 0
+    )]
+    pub max_inbound_passthrough_connections_per_core: usize,
+
+    /// Cap per core on the HBONE listener (15008), handshakes included;
+    /// default: the total.
+    #[arg(
+        long,
+        env = "RINGWAY_MAX_INBOUND_CONNECTIONS_PER_CORE",
+        default_value_t = 0
+    )]
+    pub max_inbound_connections_per_core: usize,
+
+    /// Cap per core on the SOCKS5 listener; default: the total.
+    #[arg(
+        long,
+        env = "RINGWAY_MAX_SOCKS5_CONNECTIONS_PER_CORE",
+        default_value_t = 0
+    )]
+    pub max_socks5_connections_per_core: usize,
+
+    /// Connections one peer address may hold per core over the inbound
+    /// listeners (15006, 15008) together; past it its new connections
+    /// are reset at once, so it cannot fill the backlog others wait in.
+    /// Default: half the per-core total; 0: no such cap.
+    #[arg(long, env = "RINGWAY_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
+
     /// How long a connection waits for a certificate it needs urgently
     /// before failing closed.
     #[arg(long, env = "RINGWAY_CERT_WAIT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
@@ -853,6 +901,22 @@ impl Args {
         }))
     }
 
+    /// The connection caps, the total derived from `nofile` and `cores`
+    /// unless given.
+    pub fn conn_caps(&self, nofile: u64, cores: usize) -> ConnCaps {
+        let total = self
+            .max_connections_per_core
+            .unwrap_or_else(|| ConnCaps::default_total(nofile, cores));
+        ConnCaps {
+            total,
+            per_peer: self.max_connections_per_peer.unwrap_or(total / 2),
+            outbound: self.max_outbound_connections_per_core,
+            inbound_passthrough: self.max_inbound_passthrough_connections_per_core,
+            inbound: self.max_inbound_connections_per_core,
+            socks5: self.max_socks5_connections_per_core,
+        }
+    }
+
     /// The settings every core runs with.
     pub fn proxy_config(&self) -> ProxyConfig {
         ProxyConfig {
@@ -900,6 +964,8 @@ impl Args {
                 per_core: self.max_dials_per_core as usize,
                 early_resets: self.max_early_resets,
             },
+            // Replaced by `app::run` once RLIMIT_NOFILE is raised.
+            conn_caps: self.conn_caps(u64::MAX, 1),
             pool: PoolConfig {
                 max_streams: self.pool_max_streams.max(1),
                 idle_timeout: self.pool_idle_timeout,

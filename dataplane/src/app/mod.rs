@@ -162,7 +162,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     check_memlock(plan.cpus.len())?;
     check_io_uring()?;
-    raise_nofile();
+    let nofile = raise_nofile();
+    cfg.conn_caps = args.conn_caps(nofile, plan.cpus.len());
+    tracing::info!(
+        nofile,
+        max_connections_per_core = cfg.conn_caps.total,
+        "file descriptor limit"
+    );
 
     // In-pod mode listens inside each enrolled pod, not at the node.
     let mut specs = if args.inpod {

@@ -11,6 +11,7 @@ use crate::hbone::liveness::ServerTimeouts;
 use crate::hbone::pool::PoolConfig;
 use crate::hbone::H2Settings;
 use crate::io::copy::CopyMode;
+use crate::io::listener::TrafficPath;
 use crate::io::socket::ConnectOpts;
 use crate::io::uring::RingConfig;
 
@@ -50,4 +51,90 @@ pub struct ProxyConfig {
     /// Inbound HBONE: dials in flight per connection and per core, and
     /// early resets before GOAWAY.
     pub dials: crate::core::limits::DialLimits,
+    /// Per-core caps on accepted connections (`app` derives the total
+    /// from RLIMIT_NOFILE once it is raised).
+    pub conn_caps: ConnCaps,
+}
+
+/// Per-core caps on accepted connections, so that one peer's flood cannot
+/// take the whole fd table (which upstream dials, pipes, the control
+/// channels and the side ports share). 0: no cap of its own (the total
+/// still applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnCaps {
+    pub total: usize,
+    pub outbound: usize,
+    pub inbound_passthrough: usize,
+    pub inbound: usize,
+    pub socks5: usize,
+    /// Connections one peer address may hold per core over the inbound
+    /// paths (15006, 15008) together, so that one peer cannot fill a cap that every other
+    /// peer then waits behind. 0: none.
+    pub per_peer: usize,
+}
+
+/// Descriptors an accepted connection may hold: its socket, its upstream
+/// and a splice pipe (two fds).
+pub const FDS_PER_CONNECTION: u64 = 4;
+
+/// Descriptors kept out of the connection budget: rings, listeners, the
+/// control thread's channels (xDS, CA), the side ports 15000/15020/15021
+/// and their clients, log files.
+pub const FD_RESERVE: u64 = 256;
+
+impl ConnCaps {
+    /// The cap on `path`'s listeners (the total when it has none of its
+    /// own, or a larger one).
+    pub fn of(&self, path: TrafficPath) -> usize {
+        let own = match path {
+            TrafficPath::Outbound => self.outbound,
+            TrafficPath::InboundPassthrough => self.inbound_passthrough,
+            TrafficPath::Inbound => self.inbound,
+            TrafficPath::Socks5 => self.socks5,
+        };
+        match (own, self.total) {
+            (0, t) => t,
+            (o, 0) => o,
+            (o, t) => o.min(t),
+        }
+    }
+
+    /// The per-peer cap on `path` (0: none): inbound paths only; outbound
+    /// sources are this node's own pods (in-pod mode, all one address).
+    pub fn of_peer(&self, path: TrafficPath) -> usize {
+        match path {
+            TrafficPath::Inbound | TrafficPath::InboundPassthrough => self.per_peer,
+            TrafficPath::Outbound | TrafficPath::Socks5 => 0,
+        }
+    }
+
+    /// The default total per core: what `nofile` leaves after the reserve,
+    /// shared by `cores`, at [`FDS_PER_CONNECTION`] each; at least 16.
+    pub fn default_total(nofile: u64, cores: usize) -> usize {
+        let per_core =
+            nofile.saturating_sub(FD_RESERVE) / (cores.max(1) as u64 * FDS_PER_CONNECTION);
+        per_core.clamp(16, usize::MAX as u64) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_total_leaves_the_reserve_and_shares_the_rest() {
+        // A container's 1024: (1024 - 256) / (4 x 2 cores).
+        assert_eq!(ConnCaps::default_total(1024, 2), 96);
+        assert_eq!(ConnCaps::default_total(100, 4), 16);
+        assert_eq!(ConnCaps::default_total(1 << 20, 8), ((1 << 20) - 256) / 32);
+        let caps = ConnCaps {
+            total: 96,
+            inbound: 40,
+            socks5: 200,
+            ..ConnCaps::default()
+        };
+        assert_eq!(caps.of(TrafficPath::Inbound), 40);
+        assert_eq!(caps.of(TrafficPath::Socks5), 96);
+        assert_eq!(caps.of(TrafficPath::Outbound), 96);
+    }
 }

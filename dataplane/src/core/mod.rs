@@ -7,11 +7,13 @@
 //! started by `app::cores`.
 //!
 //! - [`config`]: the settings every core runs with.
+//! - [`admission`]: accepted connections counted against the caps.
 //! - [`authorization`]: admission of inbound connections by policy, and
 //!   late rejection.
 //! - [`limits`]: what bounds one peer's work on a core (dials in flight,
 //!   early resets, refusal log lines).
 
+pub mod admission;
 pub mod authorization;
 pub mod config;
 pub mod limits;
@@ -49,6 +51,8 @@ pub struct CoreInputs {
     pub copier: Copier,
     pub self_addrs: SelfAddrs,
     pub open: Rc<OpenConnections>,
+    /// Accepted connections against the caps.
+    pub admission: Rc<crate::core::admission::Admission>,
     /// This core's outbound HBONE: its connection pool and dialler.
     pub hbone: Client,
     /// This core's certificates, for both HBONE directions.
@@ -104,6 +108,7 @@ impl CoreInputs {
         control: ControlHandles,
         snapshot: Arc<Snapshot>,
     ) -> Self {
+        let admission = Rc::new(crate::core::admission::Admission::new(cfg.conn_caps));
         CoreInputs {
             index,
             cfg,
@@ -111,6 +116,7 @@ impl CoreInputs {
             copier,
             self_addrs,
             open,
+            admission,
             revocations: hbone.revocations.clone(),
             hbone,
             certs,

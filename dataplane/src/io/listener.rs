@@ -25,6 +25,18 @@ pub enum TrafficPath {
 }
 
 impl TrafficPath {
+    pub const ALL: [TrafficPath; 4] = [
+        TrafficPath::Outbound,
+        TrafficPath::InboundPassthrough,
+        TrafficPath::Inbound,
+        TrafficPath::Socks5,
+    ];
+
+    /// Its place in [`ALL`](Self::ALL), for per-path arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             TrafficPath::Outbound => "outbound",

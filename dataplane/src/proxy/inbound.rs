@@ -13,6 +13,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -71,14 +72,19 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         workload.identity()
     };
     log.dst_identity = Some(id.to_string());
-    let Some(tls) = core.certs.get(&id).await else {
+    // The certificate wait counts against the handshake deadline: a peer
+    // must not hold the socket for both in turn.
+    let deadline = Instant::now() + core.cfg.handshake_timeout;
+    let Some(Some(tls)) = with_timeout(core.cfg.handshake_timeout, core.certs.get(&id)).await
+    else {
         socket::set_reset_on_close(fd);
         return log.fail(format!("no certificate for {id}; refusing (fail closed)"));
     };
 
     let stream = FdStream::new(conn, core.poller.clone());
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
-    let tls_stream = match with_timeout(core.cfg.handshake_timeout, acceptor.accept(stream)).await {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let tls_stream = match with_timeout(left, acceptor.accept(stream)).await {
         None => return log.fail("TLS handshake timed out"),
         Some(Err(e)) => return log.fail(format!("TLS handshake failed: {e}")),
         Some(Ok(s)) => s,

@@ -182,6 +182,14 @@ pub struct CoreStats {
     pub hbone_keepalive_timeouts: Counter,
     /// Inbound HBONE connections closed for --hbone-idle-timeout.
     pub hbone_idle_closes: Counter,
+    /// Times a listener of each path (`TrafficPath::index`) stopped
+    /// accepting because the core had its cap of connections.
+    pub conn_cap_reached: [Counter; 4],
+    /// Connections of each path reset at accept because their peer held
+    /// its share of the core's connections.
+    pub peer_cap_refused: [Counter; 4],
+    /// accept4 failed with EMFILE/ENFILE: the fd table was full.
+    pub accept_fd_exhausted: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -652,6 +660,42 @@ impl MetricsHub {
             for (i, s) in cores.iter().enumerate() {
                 let _ = writeln!(out, "{name}{{core=\"{i}\"}} {}", get(s));
             }
+        }
+        type PerPath = (&'static str, &'static str, fn(&CoreStats) -> &[Counter; 4]);
+        let per_path: [PerPath; 2] = [
+            (
+                "ringway_core_connection_cap_reached_total",
+                "Times a core stopped accepting on a listener because it had its cap of connections (per core and path)",
+                |s| &s.conn_cap_reached,
+            ),
+            (
+                "ringway_core_peer_cap_refused_total",
+                "Connections a core reset at accept because their peer held its share of the core's connections (per core and path)",
+                |s| &s.peer_cap_refused,
+            ),
+        ];
+        for (name, help, get) in per_path {
+            gauge(&mut out, name, "counter", help);
+            for (i, s) in cores.iter().enumerate() {
+                for path in crate::io::listener::TrafficPath::ALL {
+                    let n = get(s)[path.index()].get();
+                    let _ = writeln!(out, "{name}{{core=\"{i}\",path=\"{}\"}} {n}", path.name());
+                }
+            }
+        }
+        let name = "ringway_core_accept_fd_exhausted_total";
+        gauge(
+            &mut out,
+            name,
+            "counter",
+            "Times accept failed on a core because the process or system was out of file descriptors",
+        );
+        for (i, s) in cores.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}{{core=\"{i}\"}} {}",
+                s.accept_fd_exhausted.get()
+            );
         }
         let name = "ringway_core_config_propagation_seconds";
         gauge(

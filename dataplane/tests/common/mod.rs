@@ -206,6 +206,17 @@ impl Ringway {
         Self::start_inner(None, extra, true, None, configure)
     }
 
+    /// [`start_with_command`](Self::start_with_command) inside `netns`
+    /// (the command is then `ip netns exec`, which execs into ringway: a
+    /// `pre_exec` setting a limit reaches ringway).
+    pub fn start_in_with_command(
+        netns: &str,
+        extra: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Ringway {
+        Self::start_inner(Some(netns), extra, true, None, configure)
+    }
+
     /// Starts ringway on its embedded default config (no --config).
     pub fn start_embedded(netns: Option<&str>, extra: &[&str]) -> Ringway {
         Self::start_inner(netns, extra, false, None, |_| {})
@@ -418,6 +429,21 @@ impl Ringway {
                 Err(format!("open per core: {open:?}"))
             }
         })
+    }
+}
+
+/// Raises this test process's soft RLIMIT_NOFILE to the hard one: a
+/// test that holds many sockets (a thousand clients, an attacker's flood).
+pub fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
 }
 

@@ -429,3 +429,52 @@ fn fd_exhaustion_does_not_spin_the_accept_loop() {
     eprintln!("caps off: accept met EMFILE {exhausted} times");
     assert!(exhausted > 0, "accept never met EMFILE");
 }
+
+/// A half-open connection to 15008 for a workload whose certificate
+/// cannot be had (its CA never answers) is cut at the handshake timeout:
+/// the certificate wait counts against it, rather than running first for
+/// its own `--cert-wait-timeout`.
+#[test]
+fn the_certificate_wait_counts_against_the_handshake_timeout() {
+    let ns = common::NetNs::new("hconnc");
+    let dir = tempfile::tempdir().unwrap();
+    // A root to trust, for a CA at an address where nothing listens.
+    let root = common::issue_cert(
+        &dir.path().join("ca"),
+        "spiffe://cluster.local/ns/a/sa/b",
+        dir.path().join("root"),
+        "1h",
+    )
+    .join("root-cert.pem");
+    let cfg = common::write_config(
+        dir.path(),
+        "mesh.yaml",
+        "workloads:\n- uid: c//Pod/ns/w\n  name: w\n  namespace: ns\n  serviceAccount: w\n  \
+         workloadIps: [\"127.0.0.1\"]\n  protocol: HBONE\nservices: []\npolicies: []\n",
+    );
+    let _rw = ns.ringway(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--ca-address",
+        "https://127.0.0.1:9",
+        "--ca-root-ca",
+        root.to_str().unwrap(),
+        "--handshake-timeout",
+        "1s",
+        "--cert-wait-timeout",
+        "8s",
+    ]);
+    let took = ns.enter(|| {
+        let mut s = TcpStream::connect("127.0.0.1:15008").unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        let t = Instant::now();
+        let r = s.read(&mut [0u8; 1]);
+        assert!(common::peer_closed(&r), "{r:?}");
+        t.elapsed()
+    });
+    eprintln!("a connection waiting for a certificate was closed after {took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "closed after {took:?}: the handshake timeout is 1s, the certificate wait 8s"
+    );
+}

@@ -9,9 +9,9 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::{Duration, Instant};
 
 use crate::core::config::ConnCaps;
+use crate::core::limits::LogLimiter;
 use crate::io::listener::TrafficPath;
 
 /// A core's count of accepted connections per listener path, against its
@@ -28,7 +28,7 @@ pub struct Admission {
     /// fd table was full).
     waiters: RefCell<Vec<Waker>>,
     /// At most one "not accepting" line per second per core.
-    pub log: RateLimit,
+    pub log: LogLimiter,
 }
 
 impl Admission {
@@ -39,7 +39,7 @@ impl Admission {
             total: Cell::new(0),
             peers: RefCell::default(),
             waiters: RefCell::default(),
-            log: RateLimit::default(),
+            log: LogLimiter::default(),
         }
     }
 
@@ -129,31 +129,6 @@ impl Drop for Admitted {
     }
 }
 
-/// At most one line a second; counts what it held back meanwhile.
-#[derive(Default)]
-pub struct RateLimit {
-    last: Cell<Option<Instant>>,
-    suppressed: Cell<u64>,
-}
-
-impl RateLimit {
-    /// Some(lines suppressed since the last one) when a line may be
-    /// written now; None when it is to be suppressed (and counted).
-    pub fn allow(&self) -> Option<u64> {
-        let now = Instant::now();
-        match self.last.get() {
-            Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
-                self.suppressed.set(self.suppressed.get() + 1);
-                None
-            }
-            _ => {
-                self.last.set(Some(now));
-                Some(self.suppressed.replace(0))
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,15 +171,5 @@ mod tests {
         assert!(a.admit(TrafficPath::Outbound, Some(p)).is_ok());
         drop(first);
         assert!(a.admit(TrafficPath::Inbound, Some(p)).is_ok());
-    }
-
-    #[test]
-    fn rate_limit_lets_one_line_a_second_and_counts_the_rest() {
-        let r = RateLimit::default();
-        assert_eq!(r.allow(), Some(0));
-        assert_eq!(r.allow(), None);
-        assert_eq!(r.allow(), None);
-        r.last.set(Some(Instant::now() - Duration::from_secs(2)));
-        assert_eq!(r.allow(), Some(2));
     }
 }

@@ -64,6 +64,9 @@ pub enum CertCommand {
     },
 }
 
+/// Inbound HBONE dials in flight per core unless the fd budget is lower.
+const DEFAULT_DIALS_PER_CORE: usize = 1024;
+
 /// Flags for running the proxy.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -355,8 +358,10 @@ pub struct Args {
 
     /// Inbound HBONE: dials to workloads in flight per core, all peers
     /// together; a stream over it is refused (REFUSED_STREAM) at once.
-    #[arg(long, env = "RINGWAY_MAX_DIALS_PER_CORE", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_dials_per_core: u64,
+    /// Default: 1024, or the per-core connection cap when that is lower
+    /// (each dial holds a descriptor, so the fd budget bounds it too).
+    #[arg(long, env = "RINGWAY_MAX_DIALS_PER_CORE", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_dials_per_core: Option<u64>,
 
     /// Inbound HBONE: streams a peer may reset before ringway answered
     /// them, per connection and 10 s; past it the connection gets GOAWAY
@@ -901,6 +906,15 @@ impl Args {
         }))
     }
 
+    /// Inbound HBONE dials in flight per core: as given, else 1024 capped
+    /// at the per-core connection total (`conn_total`).
+    pub fn dials_per_core(&self, conn_total: usize) -> usize {
+        match self.max_dials_per_core {
+            Some(n) => n as usize,
+            None => DEFAULT_DIALS_PER_CORE.min(conn_total),
+        }
+    }
+
     /// The connection caps, the total derived from `nofile` and `cores`
     /// unless given.
     pub fn conn_caps(&self, nofile: u64, cores: usize) -> ConnCaps {
@@ -961,7 +975,8 @@ impl Args {
             response_baggage: !self.no_response_baggage,
             dials: crate::core::limits::DialLimits {
                 per_connection: self.max_dials_per_connection as usize,
-                per_core: self.max_dials_per_core as usize,
+                // Replaced by `app::run` with the fd-derived figure.
+                per_core: self.dials_per_core(usize::MAX),
                 early_resets: self.max_early_resets,
             },
             // Replaced by `app::run` once RLIMIT_NOFILE is raised.
@@ -985,6 +1000,25 @@ pub fn test_args() -> Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dials in flight per core: 1024 unless the fd budget's connection
+    /// cap is lower, and the flag wins either way.
+    #[test]
+    fn dial_cap_follows_the_fd_budget() {
+        let args = |a: &[&str]| {
+            let mut v = vec!["ringway"];
+            v.extend_from_slice(a);
+            Cli::try_parse_from(v).unwrap().run
+        };
+        let default = args(&[]);
+        assert_eq!(default.dials_per_core(100_000), 1024);
+        assert_eq!(default.dials_per_core(120), 120);
+        let given = args(&["--max-dials-per-core", "5000"]);
+        assert_eq!(given.dials_per_core(120), 5000);
+        // A container's 1024 descriptors on 2 cores.
+        let total = default.conn_caps(1024, 2).total;
+        assert!(default.dials_per_core(total) <= total, "{total}");
+    }
 
     /// The DNS proxy's switches: flags, ztunnel's proxy metadata from the
     /// environment, and the combinations refused.

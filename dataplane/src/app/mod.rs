@@ -164,9 +164,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     check_io_uring()?;
     let nofile = raise_nofile();
     cfg.conn_caps = args.conn_caps(nofile, plan.cpus.len());
+    cfg.dials.per_core = args.dials_per_core(cfg.conn_caps.total);
     tracing::info!(
         nofile,
         max_connections_per_core = cfg.conn_caps.total,
+        max_dials_per_core = cfg.dials.per_core,
         "file descriptor limit"
     );
 

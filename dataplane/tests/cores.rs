@@ -22,16 +22,14 @@ use std::time::{Duration, Instant};
 
 use ringway_dataplane::app::cgroup::{parse_cpu_list, parse_mountinfo, parse_proc_cgroup};
 
-const ANY_PORT: [&str; 8] = [
-    "--outbound-addr",
-    "127.0.0.1:0",
-    "--inbound-passthrough-addr",
-    "127.0.0.1:0",
-    "--inbound-addr",
-    "127.0.0.1:0",
-    "--admin-addr",
-    "127.0.0.1:0",
-];
+/// Every listener on a free loopback port.
+fn any_port() -> Vec<&'static str> {
+    [
+        &common::LOOPBACK_TRAFFIC[..],
+        &["--admin-addr", "127.0.0.1:0"],
+    ]
+    .concat()
+}
 
 /// Where a test may make a cgroup with `controller` on: the parent
 /// directory, and whether it is cgroup v2.
@@ -227,7 +225,7 @@ fn a_cgroup_quota_of_one_cpu_gives_one_executor() {
     }
     let leaf = cg.make(&outer, "leaf");
     cg.join(&leaf);
-    let rw = common::Ringway::start_with_command(&ANY_PORT, |cmd| cg.apply(cmd));
+    let rw = common::Ringway::start_with_command(&any_port(), |cmd| cg.apply(cmd));
 
     assert_eq!(rw.listeners["cores"], 1, "{}", rw.listeners);
     let line = cores_planned(&rw);
@@ -259,7 +257,7 @@ fn a_fractional_cgroup_quota_rounds_up() {
         cg.set(&dir, "cpu.cfs_quota_us", "150000");
     }
     cg.join(&dir);
-    let rw = common::Ringway::start_with_command(&ANY_PORT, |cmd| cg.apply(cmd));
+    let rw = common::Ringway::start_with_command(&any_port(), |cmd| cg.apply(cmd));
 
     assert_eq!(rw.listeners["cores"], 2, "{}", rw.listeners);
     let line = cores_planned(&rw);
@@ -300,7 +298,7 @@ fn an_exclusive_cpuset_with_a_matching_quota_is_pinned() {
         cg.set(&set, "cpuset.cpus", &cpu.to_string());
         cg.join(&set);
     }
-    let rw = common::Ringway::start_with_command(&ANY_PORT, |cmd| cg.apply(cmd));
+    let rw = common::Ringway::start_with_command(&any_port(), |cmd| cg.apply(cmd));
 
     assert_eq!(rw.listeners["cores"], 1, "{}", rw.listeners);
     let line = cores_planned(&rw);

@@ -445,29 +445,8 @@ fn start_upstream(ns: &NetNs) {
             }
         }
     });
-    std::thread::spawn(move || {
-        for conn in tcp.incoming() {
-            let Ok(mut conn) = conn else { return };
-            std::thread::spawn(move || loop {
-                let mut len = [0u8; 2];
-                if conn.read_exact(&mut len).is_err() {
-                    return;
-                }
-                let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
-                if conn.read_exact(&mut msg).is_err() {
-                    return;
-                }
-                let Ok(q) = Message::from_vec(&msg) else {
-                    return;
-                };
-                let reply = upstream_reply(&q);
-                let mut framed = (reply.len() as u16).to_be_bytes().to_vec();
-                framed.extend_from_slice(&reply);
-                if conn.write_all(&framed).is_err() {
-                    return;
-                }
-            });
-        }
+    common::serve_dns_tcp(tcp, |msg| {
+        Message::from_vec(msg).ok().map(|q| upstream_reply(&q))
     });
 }
 

@@ -13,21 +13,19 @@ use std::time::{Duration, Instant};
 
 use common::{NetNs, PATIENCE};
 
-const LISTEN_ANY_PORT: [&str; 8] = [
-    "--readiness-addr",
-    "127.0.0.1:0",
-    "--outbound-addr",
-    "127.0.0.1:0",
-    "--inbound-passthrough-addr",
-    "127.0.0.1:0",
-    "--inbound-addr",
-    "127.0.0.1:0",
-];
+/// Every listener on a free loopback port.
+fn listen_any_port() -> Vec<&'static str> {
+    [
+        &["--readiness-addr", "127.0.0.1:0"][..],
+        &common::LOOPBACK_TRAFFIC[..],
+    ]
+    .concat()
+}
 
 fn run_ringway(args: &[&str]) -> (i32, String) {
     let ca = tempfile::tempdir().unwrap();
     let out = Command::new(common::ringway_bin())
-        .args(LISTEN_ANY_PORT)
+        .args(listen_any_port())
         .arg("--ca-dir")
         .arg(ca.path())
         .args(args)
@@ -78,7 +76,7 @@ fn nonexistent_core_fails_fast() {
 
 #[test]
 fn embedded_default_starts_without_any_file() {
-    let mut rw = common::Ringway::start_embedded(None, &LISTEN_ANY_PORT);
+    let mut rw = common::Ringway::start_embedded(None, &listen_any_port());
     rw.wait_log("the embedded default", |l| {
         l["message"]
             .as_str()

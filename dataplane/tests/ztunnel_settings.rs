@@ -15,19 +15,9 @@ use std::time::Duration;
 
 use common::Ringway;
 
-/// Listeners on free loopback ports, so tests run side by side.
-const LOOPBACK: &[&str] = &[
-    "--outbound-addr",
-    "127.0.0.1:0",
-    "--inbound-passthrough-addr",
-    "127.0.0.1:0",
-    "--inbound-addr",
-    "127.0.0.1:0",
-];
-
 fn start(extra: &[&str], env: &[(&str, &str)]) -> Ringway {
     common::require_root();
-    let mut args = LOOPBACK.to_vec();
+    let mut args = common::LOOPBACK_TRAFFIC.to_vec();
     args.extend_from_slice(extra);
     Ringway::start_with_command(&args, |cmd| {
         for (k, v) in env {
@@ -46,7 +36,7 @@ fn config_dump(rw: &Ringway) -> serde_json::Value {
 fn refused_start(env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
     let ca = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(common::ringway_bin());
-    cmd.args(LOOPBACK)
+    cmd.args(common::LOOPBACK_TRAFFIC)
         .args(["--admin-addr", "127.0.0.1:0", "--stats-addr", "127.0.0.1:0"])
         .args(["--readiness-addr", "127.0.0.1:0", "--ca-dir"])
         .arg(ca.path());
@@ -196,7 +186,7 @@ fn local_xds_inline_is_the_config() {
     let dir = tempfile::tempdir().unwrap();
     let bound = dir.path().join("bound.json");
     let child = Command::new(common::ringway_bin())
-        .args(LOOPBACK)
+        .args(common::LOOPBACK_TRAFFIC)
         .args(["--admin-addr", "127.0.0.1:0", "--stats-addr", "127.0.0.1:0"])
         .args(["--readiness-addr", "127.0.0.1:0", "--allow-unknown-source"])
         .arg("--ca-dir")

@@ -21,7 +21,6 @@ use crate::io::listener::TrafficPath;
 pub struct Admission {
     caps: ConnCaps,
     open: [Cell<usize>; 4],
-    total: Cell<usize>,
     /// Accepted connections per peer address, over the inbound paths.
     peers: RefCell<HashMap<IpAddr, usize>>,
     /// Accept loops waiting for a connection to close (a cap bit, or the
@@ -36,7 +35,6 @@ impl Admission {
         Admission {
             caps,
             open: Default::default(),
-            total: Cell::new(0),
             peers: RefCell::default(),
             waiters: RefCell::default(),
             log: LogLimiter::default(),
@@ -55,7 +53,8 @@ impl Admission {
             return Some(own);
         }
         let total = self.caps.total;
-        (total != 0 && self.total.get() >= total).then_some(total)
+        let open: usize = self.open.iter().map(Cell::get).sum();
+        (total != 0 && open >= total).then_some(total)
     }
 
     /// Counts a connection from `peer` in; Err(cap) when `peer` already
@@ -77,7 +76,6 @@ impl Admission {
         }
         let slot = &self.open[path.index()];
         slot.set(slot.get() + 1);
-        self.total.set(self.total.get() + 1);
         Ok(Admitted {
             admission: self.clone(),
             path,
@@ -113,7 +111,6 @@ impl Drop for Admitted {
         let a = &self.admission;
         let slot = &a.open[self.path.index()];
         slot.set(slot.get() - 1);
-        a.total.set(a.total.get() - 1);
         if let Some(ip) = self.peer {
             let mut peers = a.peers.borrow_mut();
             if let Some(held) = peers.get_mut(&ip) {

@@ -26,6 +26,17 @@ use std::time::{Duration, Instant};
 /// condition holds, so this costs nothing then.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// The three traffic listeners on free loopback ports, so that tests that
+/// do not care where they listen run side by side.
+pub const LOOPBACK_TRAFFIC: [&str; 6] = [
+    "--outbound-addr",
+    "127.0.0.1:0",
+    "--inbound-passthrough-addr",
+    "127.0.0.1:0",
+    "--inbound-addr",
+    "127.0.0.1:0",
+];
+
 /// Waits for a condition instead of sleeping for a guess: calls `probe`
 /// until it returns `Ok`, and returns that value. Past `within` it fails
 /// the test, naming `what` and the last `Err` (what the probe saw instead).

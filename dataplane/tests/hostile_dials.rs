@@ -365,10 +365,13 @@ fn reset_streams_do_not_pile_up_dials_and_the_peer_is_calmed() {
         calms.len()
     );
     // The bystander: every CONNECT succeeded (probe asserts it), in about
-    // its usual time. The baseline is sub-millisecond, where scheduling
-    // noise on a shared machine alone can double it: a floor of 2 ms.
+    // its usual time. The baseline is about a millisecond, where
+    // scheduling noise alone can double it: with the suite's other test
+    // binaries running beside this one it reached 3.1 ms against a 1.5 ms
+    // baseline. Hence a floor of 5 ms; what separates before from after
+    // here is the descriptor count above, not this.
     assert!(
-        dur <= (base * 2).max(Duration::from_millis(2)),
+        dur <= (base * 2).max(Duration::from_millis(5)),
         "bystander median {dur:?} during the attack, {base:?} before"
     );
 }

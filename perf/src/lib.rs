@@ -29,6 +29,7 @@ pub mod rr;
 pub mod rr_conc;
 pub mod scenario;
 pub mod server;
+pub mod soak;
 pub mod socks5;
 pub mod stats;
 pub mod suite;

@@ -8,7 +8,7 @@ use ringway_perf::procstat::Processes;
 use ringway_perf::rr::Limit;
 use ringway_perf::units::{parse_duration, parse_size};
 use ringway_perf::{
-    calibrate, connect, idle, kernel, passthrough, rig, rr, rr_conc, server, socks5, suite,
+    calibrate, connect, idle, kernel, passthrough, rig, rr, rr_conc, server, soak, socks5, suite,
     throughput,
 };
 use serde::Serialize;
@@ -171,6 +171,13 @@ enum Cmd {
     Calibrate(calibrate::Params),
     /// Everything, side by side, on a two-node netns rig (needs root).
     Suite(Box<suite::SuiteArgs>),
+    /// Many connections held for a long time through ringway and ztunnel,
+    /// with traffic on a share and config churn; RSS, fds, CPU, p99 over
+    /// time (needs root).
+    Soak(Box<soak::SoakArgs>),
+    /// One soak column's load generator (run by `soak`).
+    #[command(hide = true)]
+    SoakLoad(soak::LoadArgs),
     /// Direct TCP vs ringway passthrough (splice and copy) on loopback.
     Passthrough(passthrough::PassthroughArgs),
     /// A minimal SOCKS5 relay (CONNECT, no auth): a stand-in peer proxy.
@@ -287,6 +294,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Cmd::Suite(args) => suite::run(*args)?,
+        Cmd::Soak(args) => soak::run(*args)?,
+        Cmd::SoakLoad(args) => soak::load(args)?,
         Cmd::Passthrough(args) => passthrough::run(args)?,
         Cmd::SocksRelay { listen } => {
             let bound = socks5::spawn_relay(listen)?;

@@ -82,6 +82,36 @@ pub fn tune(ns: &Netns) -> anyhow::Result<()> {
     ns.sysctl("net.ipv4.ip_local_port_range", &format!("{lo} {hi}"))
 }
 
+/// Starts the sink on `listen` in `ns`: threads of this process, or
+/// (`sink_process`) a `ringway-perf serve` process of its own, returned so
+/// that it lives as long as the rig.
+fn start_sink(
+    ns: &Netns,
+    listen: Vec<SocketAddr>,
+    sink_process: Option<&Path>,
+    name: &str,
+    log_dir: &Path,
+) -> anyhow::Result<Option<Supervised>> {
+    match sink_process {
+        None => {
+            ns.enter(move || crate::server::spawn(&listen))??;
+            Ok(None)
+        }
+        Some(bin) => {
+            let addrs: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
+            let ready = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen[0].port());
+            let spec = Spec::new(
+                name,
+                bin,
+                strings(&["serve", "--listen", &addrs.join(",")]),
+                log_dir,
+            )
+            .ready(Ready::Tcp(ready));
+            Ok(Some(Supervised::start(Some(ns), spec)?))
+        }
+    }
+}
+
 /// Two fresh, [`tune`]d namespaces joined by a veth pair with the given
 /// CIDRs on each end; returns them and the name of `a`'s end.
 pub fn node_pair(
@@ -200,6 +230,11 @@ pub struct NodesConfig {
     /// node B behind a ringway B of its own that connects to the sink from
     /// the client's address (`--orig-src`, with its return-path rules).
     pub orig_src: bool,
+    /// Run each node's sink as a `ringway-perf serve` process of its own
+    /// (this binary) rather than threads of the caller: a process holds at
+    /// most RLIMIT_NOFILE sockets, and the soak's sinks and load
+    /// generators together hold more than one process may.
+    pub sink_process: Option<PathBuf>,
 }
 
 /// On node B, the HBONE workload of the orig-src column.
@@ -210,6 +245,9 @@ pub const ORIG_SRC_IP: Ipv4Addr = Ipv4Addr::new(10, 250, 0, 50);
 pub struct Extras {
     pub same_node: bool,
     pub orig_src: bool,
+    /// Workloads elsewhere in the mesh that no traffic goes to: the soak's
+    /// config churn adds and removes them.
+    pub churn: usize,
 }
 
 /// On node A (on `lo`), the HBONE workload of the same-node column.
@@ -239,6 +277,7 @@ pub const SAME_NODE_PORT: u16 = 5400;
 pub struct ZtunnelNodes {
     pub a: Supervised,
     pub b: Supervised,
+    pub sink: Option<Supervised>,
     pub za: Netns,
     pub zb: Netns,
 }
@@ -249,6 +288,7 @@ impl ZtunnelNodes {
         config: &Path,
         log_dir: &Path,
         log_level: &str,
+        sink_process: Option<&Path>,
         progress: &mut dyn FnMut(&str),
     ) -> anyhow::Result<ZtunnelNodes> {
         let (za, zb, iza) = node_pair(
@@ -266,7 +306,7 @@ impl ZtunnelNodes {
             SocketAddr::from(([0, 0, 0, 0], DIRECT_PORT)),
             SocketAddr::from(([0, 0, 0, 0], captured_port(0))),
         ];
-        zb.enter(move || crate::server::spawn(&listen))??;
+        let sink = start_sink(&zb, listen.to_vec(), sink_process, "sink-zb", log_dir)?;
         let server = format!("{SERVER_NAMESPACE}/server-0/server");
         let env = |workload: &str| ztunnel::env(config, workload, log_level);
         let b = ztunnel::spec(bin, "ztunnel-b", env(&server), log_dir);
@@ -279,7 +319,7 @@ impl ZtunnelNodes {
             b.pid(),
             bin.display()
         ));
-        Ok(ZtunnelNodes { a, b, za, zb })
+        Ok(ZtunnelNodes { a, b, sink, za, zb })
     }
 }
 
@@ -294,6 +334,8 @@ pub struct RingwaySet {
 /// namespaces they live in.
 pub struct Nodes {
     pub peer: Option<(PeerSpec, Supervised)>,
+    /// Node B's sink when it runs as a process of its own.
+    pub sink: Option<Supervised>,
     pub ztunnel: Option<ZtunnelNodes>,
     pub sets: Vec<RingwaySet>,
     /// The sets as configured; `placement[j]` is the pair that runs
@@ -393,6 +435,17 @@ pub fn mesh_config_with(sets: usize, policies: usize, port: u16, extras: Extras)
             SAME_NODE_IP,
             "node-a",
             "server",
+        );
+    }
+    for k in 0..extras.churn {
+        let ip = Ipv4Addr::new(10, 251, (k / 250) as u8, (k % 250) as u8 + 1);
+        y += &workload(
+            &format!("churn-{k}"),
+            "churn-ns",
+            "churn",
+            ip,
+            "node-elsewhere",
+            "churn",
         );
     }
     y += "services: []\n";
@@ -531,6 +584,7 @@ impl Nodes {
         let extras = Extras {
             same_node: cfg.same_node,
             orig_src: cfg.orig_src,
+            churn: 0,
         };
         let shared = work.0.join("mesh.yaml");
         std::fs::write(&shared, mesh_config_with(n, 0, 0, extras))?;
@@ -543,7 +597,13 @@ impl Nodes {
 
         let mut listen = vec![SocketAddr::from(([0, 0, 0, 0], DIRECT_PORT))];
         listen.extend((0..n).map(|i| SocketAddr::from(([0, 0, 0, 0], captured_port(i)))));
-        b.enter(move || crate::server::spawn(&listen))??;
+        let sink = start_sink(
+            &b,
+            listen,
+            cfg.sink_process.as_deref(),
+            "sink-b",
+            &cfg.log_dir,
+        )?;
 
         let side = rig::side_listener_args(&cfg.ringway)?;
         let common = |node: &str, config: &Path, spec: &SetSpec| -> Vec<String> {
@@ -617,12 +677,14 @@ impl Nodes {
                 &shared,
                 &cfg.log_dir,
                 &cfg.log_level,
+                cfg.sink_process.as_deref(),
                 progress,
             )?),
             None => None,
         };
         let mut nodes = Nodes {
             peer: None,
+            sink,
             ztunnel,
             sets,
             specs: cfg.sets.clone(),
@@ -777,6 +839,25 @@ impl Nodes {
             moved = true;
         }
         Ok(moved)
+    }
+
+    /// Rewrites the mesh config of every ringway pair that has one of its
+    /// own (a set with `policies`) for round `round` of the soak's churn:
+    /// the policy count cycles through 0, 12 and 40 (the traffic stays
+    /// allowed, and ringway re-checks open connections on each change),
+    /// and 0 to 750 workloads elsewhere in the mesh come and go.
+    pub fn churn_config(&mut self, round: usize) -> anyhow::Result<()> {
+        let n = self.specs.len();
+        let extras = Extras {
+            churn: (round % 4) * 250,
+            ..self.extras
+        };
+        for pair in 0..n {
+            if self.sets[pair].spec.policies.is_some() {
+                write_pair_config(&self.work.0, n, pair, [0, 12, 40][round % 3], extras)?;
+            }
+        }
+        Ok(())
     }
 
     /// Every way through the rig, in column order (the configured sets'

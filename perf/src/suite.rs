@@ -547,6 +547,7 @@ pub fn run(args: SuiteArgs) -> anyhow::Result<()> {
             ztunnel: settings.ztunnel.as_ref().map(|z| z.path.clone()),
             same_node: settings.same_node,
             orig_src: settings.orig_src,
+            sink_process: None,
         },
         &mut |l| progress.line(l),
     )?;

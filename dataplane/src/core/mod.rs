@@ -129,7 +129,7 @@ impl CoreInputs {
             control,
             dials: Rc::default(),
             dial_refusals_log: RateLog::new("inbound HBONE streams refused at a dial cap", 1),
-            calm_log: RateLog::new("inbound HBONE connections sent ENHANCE_YOUR_CALM", 1),
+            calm_log: RateLog::new("inbound HBONE connections sent GOAWAY for early resets", 1),
             proxy_workload_uid: RefCell::new(None),
         }
     }

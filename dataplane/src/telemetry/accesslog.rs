@@ -38,9 +38,11 @@ pub const FAILURE_LINES: [RateLog; 4] = [
     RateLog::new("failed SOCKS5 connections", FAILURE_LINES_PER_SECOND),
 ];
 
-/// Enough to see what is failing; few enough that a peer repeating a
-/// refusal thousands of times a second writes a handful of lines.
-pub const FAILURE_LINES_PER_SECOND: u32 = 10;
+/// Enough to see what is failing, and more than a burst of ordinary
+/// failures (a client retrying, a policy change refusing a pod's
+/// connections) reaches; a peer repeating a refusal thousands of times a
+/// second makes a core write this many lines, not thousands.
+pub const FAILURE_LINES_PER_SECOND: u32 = 100;
 
 /// Per-core count of open connections, counted from accept to close, and
 /// what drain waits on; mirrored into the core's metrics gauge.

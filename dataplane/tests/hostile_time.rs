@@ -252,6 +252,24 @@ fn slowloris_on_the_side_ports_does_not_pin_them() {
         peak_fds <= before_fds + 2 * 64 + 8,
         "{before_fds} → {peak_fds}"
     );
+    // What the bounds did is counted: 300 clients on 2 × 64 slots displace
+    // the oldest, and those that outlive 5 s without a whole head are cut.
+    let both = |name: &str| {
+        ["readiness", "metrics"]
+            .map(|p| scraped(rw, &format!("{name}{{port=\"{p}\"}}")))
+            .iter()
+            .sum::<u64>()
+    };
+    let displaced = both("ringway_side_port_displaced_total");
+    let slow = both("ringway_side_port_read_timeouts_total");
+    eprintln!("side ports: displaced {displaced}, read timeouts {slow}");
+    assert!(displaced > 0, "none displaced");
+    // Every connection the attacker saw dropped was one of these (it may
+    // not notice a drop before its run ends).
+    assert!(
+        displaced + slow >= reconnects as u64,
+        "{displaced} displaced + {slow} timed out < {reconnects} reconnects"
+    );
 }
 
 /// One round trip on `s`, then silence: how long until the far side
@@ -431,7 +449,10 @@ fn a_side_port_client_that_never_reads_is_cut_at_the_write_bound() {
         s
     });
     let asked = Instant::now();
-    // Readiness answers while the slot is held.
+    // Readiness answers while the slot is held. From 1 s on: the dump is
+    // rendered on the control thread first, which in a debug build takes
+    // a good part of a second (a cost of /config_dump, not of the stall).
+    std::thread::sleep(Duration::from_secs(1));
     let probes = ns.enter(move || {
         (0..20)
             .map(|_| {
@@ -452,7 +473,9 @@ fn a_side_port_client_that_never_reads_is_cut_at_the_write_bound() {
     );
     let cut_after = asked.elapsed();
     eprintln!(
-        "side port: the stalled reader was cut after {cut_after:?}; readiness worst {worst:?}"
+        "side port: a {} byte dump; the stalled reader was cut after {cut_after:?}; \
+         readiness worst {worst:?}",
+        dump.len()
     );
     assert!(
         cut_after >= Duration::from_secs(9) && cut_after < Duration::from_secs(15),

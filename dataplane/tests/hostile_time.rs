@@ -337,15 +337,24 @@ fn idle_passthrough_connections_are_closed_and_busy_ones_kept() {
     assert_eq!(line["path"], "outbound", "{line}");
 }
 
-/// `--idle-timeout` on inbound HBONE (node B only): a silent tunnel is
-/// closed by B after the bound, a talking one is kept; node A, without the
-/// flag (the default: off), closes nothing for being idle.
-#[test]
-fn idle_hbone_tunnels_are_closed_by_the_side_that_bounds_them() {
-    let mut nodes = Nodes::new("tidleh", false, &[]);
-    nodes
-        .b_args
-        .extend(["--idle-timeout".to_string(), "2s".to_string()]);
+/// `--idle-timeout` on one node of an HBONE tunnel: a silent tunnel is
+/// closed by that node after the bound, a talking one is kept; the other
+/// node, without the flag (the default: off), closes nothing for being
+/// idle. On node B that is the inbound stream, on node A the outbound one.
+fn idle_tunnel(tag: &str, bounded_on_a: bool) {
+    let bound = ["--idle-timeout", "2s"];
+    let mut nodes = Nodes::new(tag, false, if bounded_on_a { &bound } else { &[] });
+    if bounded_on_a {
+        // The rig gives B the same extra arguments: not this one.
+        let i = nodes
+            .b_args
+            .iter()
+            .position(|a| a == "--idle-timeout")
+            .unwrap();
+        nodes.b_args.drain(i..i + 2);
+    } else {
+        nodes.b_args.extend(bound.map(String::from));
+    }
     nodes.start_b();
     nodes
         .b
@@ -360,26 +369,42 @@ fn idle_hbone_tunnels_are_closed_by_the_side_that_bounds_them() {
         let quiet = closed_after_silence(connect(), Duration::from_secs(10));
         (quiet, busy.join().unwrap())
     });
-    eprintln!("HBONE: the silent tunnel was closed after {quiet:?}");
+    eprintln!(
+        "HBONE, bound on {}: the silent tunnel was closed after {quiet:?}",
+        if bounded_on_a { "A" } else { "B" }
+    );
     let quiet = quiet.expect("the silent tunnel was not closed within 10 s");
     assert!(
         quiet >= Duration::from_millis(1900) && quiet < Duration::from_secs(4),
         "{quiet:?}"
     );
     assert!(busy, "the busy tunnel was cut");
-    assert_eq!(total(&nodes, "ringway_core_idle_closes_total"), 1);
-    let a_cut: u64 = nodes
-        .a()
-        .per_core("ringway_core_idle_closes_total")
-        .iter()
-        .sum();
-    assert_eq!(a_cut, 0, "node A has no idle bound by default");
-    let line = nodes.b().wait_log("the idle close", |l| {
+    let cut = |rw: &common::Ringway| -> u64 {
+        rw.per_core("ringway_core_idle_closes_total").iter().sum()
+    };
+    let (bounded, other, path) = if bounded_on_a {
+        (nodes.a(), nodes.b(), "outbound")
+    } else {
+        (nodes.b(), nodes.a(), "inbound")
+    };
+    assert_eq!(cut(bounded), 1);
+    assert_eq!(cut(other), 0, "no idle bound by default");
+    let line = bounded.wait_log("the idle close", |l| {
         l["error"]
             .as_str()
             .is_some_and(|e| e.contains("--idle-timeout"))
     });
-    assert_eq!(line["path"], "inbound", "{line}");
+    assert_eq!(line["path"], path, "{line}");
+}
+
+#[test]
+fn idle_hbone_tunnels_are_closed_by_the_inbound_side_that_bounds_them() {
+    idle_tunnel("tidleb", false);
+}
+
+#[test]
+fn idle_hbone_tunnels_are_closed_by_the_outbound_side_that_bounds_them() {
+    idle_tunnel("tidlea", true);
 }
 
 /// A series of the scrape by its full name and labels.

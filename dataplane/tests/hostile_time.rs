@@ -252,4 +252,272 @@ fn slowloris_on_the_side_ports_does_not_pin_them() {
         peak_fds <= before_fds + 2 * 64 + 8,
         "{before_fds} → {peak_fds}"
     );
+    // What the bounds did is counted: 300 clients on 2 × 64 slots displace
+    // the oldest, and those that outlive 5 s without a whole head are cut.
+    let both = |name: &str| {
+        ["readiness", "metrics"]
+            .map(|p| scraped(rw, &format!("{name}{{port=\"{p}\"}}")))
+            .iter()
+            .sum::<u64>()
+    };
+    let displaced = both("ringway_side_port_displaced_total");
+    let slow = both("ringway_side_port_read_timeouts_total");
+    eprintln!("side ports: displaced {displaced}, read timeouts {slow}");
+    assert!(displaced > 0, "none displaced");
+    // Every connection the attacker saw dropped was one of these (it may
+    // not notice a drop before its run ends).
+    assert!(
+        displaced + slow >= reconnects as u64,
+        "{displaced} displaced + {slow} timed out < {reconnects} reconnects"
+    );
+}
+
+/// One round trip on `s`, then silence: how long until the far side
+/// closes it (EOF or a reset), at most `within`.
+fn closed_after_silence(mut s: std::net::TcpStream, within: Duration) -> Option<Duration> {
+    s.set_read_timeout(Some(within)).unwrap();
+    s.write_all(b"hello").unwrap();
+    let mut got = [0u8; 5];
+    s.read_exact(&mut got).expect("the first round trip");
+    assert_eq!(&got, b"hello");
+    let quiet_from = Instant::now();
+    let r = s.read(&mut got);
+    let elapsed = quiet_from.elapsed();
+    common::peer_closed(&r).then_some(elapsed)
+}
+
+/// A connection that sends a byte every 400 ms for `for_how_long` and
+/// reads each back: true when every one came back.
+fn keeps_talking(mut s: std::net::TcpStream, for_how_long: Duration) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let end = Instant::now() + for_how_long;
+    while Instant::now() < end {
+        let mut b = [0u8; 1];
+        if s.write_all(b"x").is_err() || s.read_exact(&mut b).is_err() || b != *b"x" {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    true
+}
+
+/// `--idle-timeout` on outbound passthrough: a connection silent both ways
+/// is closed after the bound (counted, its access-log line says why); one
+/// that keeps talking outlives several bounds.
+#[test]
+fn idle_passthrough_connections_are_closed_and_busy_ones_kept() {
+    let ns = common::NetNs::new("tidlep");
+    ns.capture_outbound("9311");
+    let rw = ns.ringway(&["--cores", "1", "--idle-timeout", "2s"]);
+    ns.enter(|| common::serve_echo(TcpListener::bind("127.0.0.1:9311").unwrap()));
+    let (quiet, busy) = ns.enter(|| {
+        let connect = || std::net::TcpStream::connect("127.0.0.1:9311").unwrap();
+        let busy = {
+            let s = connect();
+            std::thread::spawn(move || keeps_talking(s, Duration::from_secs(6)))
+        };
+        let quiet = closed_after_silence(connect(), Duration::from_secs(10));
+        (quiet, busy.join().unwrap())
+    });
+    eprintln!("passthrough: the silent connection was closed after {quiet:?}");
+    let quiet = quiet.expect("the silent connection was not closed within 10 s");
+    // Checked every quarter of the bound: cut within 1.25× (plus noise).
+    assert!(
+        quiet >= Duration::from_millis(1900) && quiet < Duration::from_secs(4),
+        "{quiet:?}"
+    );
+    assert!(busy, "the busy connection was cut");
+    let cut: u64 = rw.per_core("ringway_core_idle_closes_total").iter().sum();
+    assert_eq!(cut, 1);
+    let line = rw.wait_log("the idle close", |l| {
+        l["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--idle-timeout"))
+    });
+    assert_eq!(line["path"], "outbound", "{line}");
+}
+
+/// `--idle-timeout` on one node of an HBONE tunnel: a silent tunnel is
+/// closed by that node after the bound, a talking one is kept; the other
+/// node, without the flag (the default: off), closes nothing for being
+/// idle. On node B that is the inbound stream, on node A the outbound one.
+fn idle_tunnel(tag: &str, bounded_on_a: bool) {
+    let bound = ["--idle-timeout", "2s"];
+    let mut nodes = Nodes::new(tag, false, if bounded_on_a { &bound } else { &[] });
+    if bounded_on_a {
+        // The rig gives B the same extra arguments: not this one.
+        let i = nodes
+            .b_args
+            .iter()
+            .position(|a| a == "--idle-timeout")
+            .unwrap();
+        nodes.b_args.drain(i..i + 2);
+    } else {
+        nodes.b_args.extend(bound.map(String::from));
+    }
+    nodes.start_b();
+    nodes
+        .b
+        .enter(|| common::serve_echo(TcpListener::bind(format!("{SERVER_IP}:8082")).unwrap()));
+    let dst = format!("{SERVER_IP}:8082");
+    let (quiet, busy) = nodes.a.enter(move || {
+        let connect = || common::nodes::connect_from_client(&dst).unwrap();
+        let busy = {
+            let s = connect();
+            std::thread::spawn(move || keeps_talking(s, Duration::from_secs(6)))
+        };
+        let quiet = closed_after_silence(connect(), Duration::from_secs(10));
+        (quiet, busy.join().unwrap())
+    });
+    eprintln!(
+        "HBONE, bound on {}: the silent tunnel was closed after {quiet:?}",
+        if bounded_on_a { "A" } else { "B" }
+    );
+    let quiet = quiet.expect("the silent tunnel was not closed within 10 s");
+    assert!(
+        quiet >= Duration::from_millis(1900) && quiet < Duration::from_secs(4),
+        "{quiet:?}"
+    );
+    assert!(busy, "the busy tunnel was cut");
+    let cut = |rw: &common::Ringway| -> u64 {
+        rw.per_core("ringway_core_idle_closes_total").iter().sum()
+    };
+    let (bounded, other, path) = if bounded_on_a {
+        (nodes.a(), nodes.b(), "outbound")
+    } else {
+        (nodes.b(), nodes.a(), "inbound")
+    };
+    assert_eq!(cut(bounded), 1);
+    assert_eq!(cut(other), 0, "no idle bound by default");
+    let line = bounded.wait_log("the idle close", |l| {
+        l["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("--idle-timeout"))
+    });
+    assert_eq!(line["path"], path, "{line}");
+}
+
+#[test]
+fn idle_hbone_tunnels_are_closed_by_the_inbound_side_that_bounds_them() {
+    idle_tunnel("tidleb", false);
+}
+
+#[test]
+fn idle_hbone_tunnels_are_closed_by_the_outbound_side_that_bounds_them() {
+    idle_tunnel("tidlea", true);
+}
+
+/// A series of the scrape by its full name and labels.
+fn scraped(rw: &common::Ringway, series: &str) -> u64 {
+    let (status, body) = rw.http_get("stats", "/metrics");
+    assert!(status.contains(" 200 "), "{status}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in the scrape"))
+}
+
+/// A client that asks the admin port for a large `/config_dump` and never
+/// reads it loses its connection at the 10 s write bound (counted), and
+/// readiness answers all along.
+#[test]
+fn a_side_port_client_that_never_reads_is_cut_at_the_write_bound() {
+    let ns = common::NetNs::new("tsidew");
+    // Enough workloads that the dump outgrows what the sockets buffer.
+    let mut yaml = String::from("workloads:\n");
+    for i in 0..8000u32 {
+        yaml.push_str(&format!(
+            "- uid: cluster1//v1/Pod/ns-{n}/w-{i}\n  name: w-{i}\n  namespace: ns-{n}\n  \
+             serviceAccount: sa-{i}\n  workloadIps: [\"10.{}.{}.{}\"]\n  protocol: HBONE\n",
+            40 + i / 65536,
+            (i / 256) % 256,
+            i % 256,
+            n = i % 50
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::write_config(dir.path(), "big.yaml", &yaml);
+    let rw = ns.ringway(&["--cores", "1", "--config", cfg.to_str().unwrap()]);
+    let dump = common::wait_for("the whole config in the dump", common::PATIENCE, || {
+        let (status, dump) = rw.http_get("admin", "/config_dump");
+        assert!(status.contains(" 200 "), "{status}");
+        if dump.contains("w-7999") {
+            Ok(dump)
+        } else {
+            Err(format!("{} bytes", dump.len()))
+        }
+    });
+    assert!(
+        dump.len() > 4 << 20,
+        "the dump is only {} bytes",
+        dump.len()
+    );
+    let admin = rw.listeners["listeners"]["admin"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ready = rw.listeners["listeners"]["readiness"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let series = "ringway_side_port_write_timeouts_total{port=\"admin\"}";
+    assert_eq!(scraped(&rw, series), 0);
+
+    // The stalled reader: a small receive buffer, a request, no reads.
+    let sock = ns.enter(move || {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_recv_buffer_size(4096).unwrap();
+        s.connect(&admin.parse::<std::net::SocketAddr>().unwrap().into())
+            .unwrap();
+        let mut s: std::net::TcpStream = s.into();
+        s.write_all(b"GET /config_dump HTTP/1.1\r\nhost: ringway\r\n\r\n")
+            .unwrap();
+        s
+    });
+    let asked = Instant::now();
+    // Readiness answers while the slot is held. From 1 s on: the dump is
+    // rendered on the control thread first, which in a debug build takes
+    // a good part of a second (a cost of /config_dump, not of the stall).
+    std::thread::sleep(Duration::from_secs(1));
+    let probes = ns.enter(move || {
+        (0..20)
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(200));
+                probe(&ready)
+            })
+            .collect::<Vec<_>>()
+    });
+    let worst = probes.iter().max().unwrap();
+    assert!(*worst < Duration::from_secs(1), "readiness took {worst:?}");
+    common::wait_for(
+        "the write timeout",
+        Duration::from_secs(20),
+        || match scraped(&rw, series) {
+            0 => Err("not yet".to_string()),
+            n => Ok(n),
+        },
+    );
+    let cut_after = asked.elapsed();
+    eprintln!(
+        "side port: a {} byte dump; the stalled reader was cut after {cut_after:?}; \
+         readiness worst {worst:?}",
+        dump.len()
+    );
+    assert!(
+        cut_after >= Duration::from_secs(9) && cut_after < Duration::from_secs(15),
+        "{cut_after:?}"
+    );
+    assert_eq!(scraped(&rw, series), 1);
+    // What it gets now ends short of the answer: the connection was closed.
+    let got = ns.enter(move || {
+        let mut s = sock;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let r = s.read_to_end(&mut got);
+        assert!(
+            r.is_ok() || common::peer_closed(&r.map(|_| 0)),
+            "no end of stream"
+        );
+        got.len()
+    });
+    assert!(got < dump.len(), "received {got} of {} bytes", dump.len());
 }

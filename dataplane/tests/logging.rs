@@ -69,3 +69,101 @@ fn a_stalled_stdout_does_not_slow_proxying_and_the_drops_are_reported() {
         "dropped {dropped}: {line}"
     );
 }
+
+/// Item 5 of issue 25: a peer that makes a core refuse thousands of
+/// connections gets a handful of lines a second and one "suppressed N"
+/// line per second; every refusal is still counted, and N is exact.
+#[test]
+fn a_flood_of_refusals_writes_a_bounded_number_of_lines_and_counts_them_all() {
+    const REFUSALS: u64 = 2000;
+    let ns = NetNs::new("logrl");
+    // Captured, and nothing listens there: each connection's upstream dial
+    // is refused, and so is the connection.
+    ns.capture_outbound("9321");
+    let rw = ns.ringway(&["--cores", "1"]);
+    let took = ns.enter(|| {
+        let started = Instant::now();
+        // From 127.0.0.2: ringway's own dials (from 127.0.0.1) then never
+        // reuse a client's address pair, whose NAT entry would send them
+        // back to 15001.
+        let from: std::net::SocketAddr = "127.0.0.2:0".parse().unwrap();
+        let to: std::net::SocketAddr = "127.0.0.1:9321".parse().unwrap();
+        for i in 0..REFUSALS {
+            let sock =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            sock.bind(&from.into()).unwrap();
+            sock.connect(&to.into()).unwrap();
+            let mut s: TcpStream = sock.into();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let r = s.read(&mut [0u8; 1]);
+            assert!(common::peer_closed(&r), "connection {i}: {r:?}");
+        }
+        started.elapsed()
+    });
+    let failures = |rw: &common::Ringway| -> u64 {
+        rw.per_core("ringway_core_connection_failures_total")
+            .iter()
+            .sum()
+    };
+    common::wait_for(
+        "every refusal counted",
+        common::PATIENCE,
+        || match failures(&rw) {
+            REFUSALS => Ok(()),
+            n => Err(format!("{n} counted")),
+        },
+    );
+    // The last window's report comes when it ends (a second at most).
+    let summaries = |rw: &common::Ringway| -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+        let logs = rw.logs();
+        let written = logs
+            .iter()
+            .filter(|l| l["scope"] == "access" && l["level"] == "error")
+            .cloned()
+            .collect();
+        let said = logs
+            .into_iter()
+            .filter(|l| l["kind"] == "failed outbound connections")
+            .collect();
+        (written, said)
+    };
+    let (written, said) = common::wait_for("the suppressed count", common::PATIENCE, || {
+        let (written, said) = summaries(&rw);
+        let reported: u64 = said.iter().map(|l| l["suppressed"].as_u64().unwrap()).sum();
+        if written.len() as u64 + reported == REFUSALS {
+            Ok((written, said))
+        } else {
+            Err(format!("{} written + {reported} reported", written.len()))
+        }
+    });
+    let windows = took.as_secs() + 2;
+    eprintln!(
+        "{REFUSALS} refusals in {took:?}: {} lines written, {} \"suppressed\" lines",
+        written.len(),
+        said.len()
+    );
+    assert!(
+        written.len() as u64 <= 100 * windows,
+        "{} lines in about {windows} windows",
+        written.len()
+    );
+    assert!(!said.is_empty() && said.len() as u64 <= windows);
+    assert!(said.iter().all(|l| l["message"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("suppressed ") && m.contains("similar lines"))));
+    // Every written line still says what failed.
+    assert!(written
+        .iter()
+        .all(|l| l["error"].as_str().is_some_and(|e| e.contains("9321"))));
+    let (status, scrape) = rw.http_get("stats", "/metrics");
+    assert!(status.contains(" 200 "));
+    let suppressed: u64 = scrape
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ringway_log_lines_suppressed_total ")?
+                .parse()
+                .ok()
+        })
+        .expect("no ringway_log_lines_suppressed_total");
+    assert_eq!(suppressed + written.len() as u64, REFUSALS);
+}

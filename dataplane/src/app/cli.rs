@@ -386,6 +386,14 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_HBONE_IDLE_TIMEOUT", default_value = "0", value_parser = parse_duration)]
     pub hbone_idle_timeout: Duration,
 
+    /// Close a proxied connection (outbound or inbound passthrough, an
+    /// HBONE tunnel's stream on either end, SOCKS5) that moved no byte
+    /// either way for this long; counted and logged. 0 = never, the
+    /// default: ztunnel has no such bound (TCP keepalive still finds dead
+    /// peers).
+    #[arg(long, env = "RINGWAY_IDLE_TIMEOUT", default_value = "0", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
     /// Port of peers' HBONE listeners.
     #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
     pub hbone_port: u16,
@@ -964,6 +972,7 @@ impl Args {
                 keepalive_timeout: self.hbone_keepalive_timeout,
                 idle: Some(self.hbone_idle_timeout).filter(|d| !d.is_zero()),
             },
+            idle_timeout: Some(self.idle_timeout).filter(|d| !d.is_zero()),
             on_demand_timeout: self.on_demand_timeout,
             cert_wait_timeout: self.cert_wait_timeout,
             node_name: self.node_name.clone(),

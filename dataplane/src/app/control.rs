@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use crate::inpod::manager::InpodStatus;
 use crate::inpod::PodFeed;
 use crate::telemetry::admin::Admin;
-use crate::telemetry::http::{serve_http, Answer, PROMETHEUS, TEXT};
+use crate::telemetry::http::{serve_http, Answer, SidePort, PROMETHEUS, TEXT};
 use crate::telemetry::metrics::{MetricsHub, ProcessStats};
 
 /// How often the control thread looks for a new `CRL_PATH` file (its
@@ -237,11 +237,12 @@ impl Control {
         let quit = self.admin.quit.clone();
         let admin = Arc::new(self.admin);
         let endpoints = [
-            (self.readiness, "readiness"),
-            (self.stats, "metrics"),
-            (self.admin_listener, "admin"),
+            (self.readiness, SidePort::Readiness),
+            (self.stats, SidePort::Metrics),
+            (self.admin_listener, SidePort::Admin),
         ];
-        for (listener, what) in endpoints {
+        for (listener, port) in endpoints {
+            let what = port.name();
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(l) => l,
                 Err(e) => {
@@ -281,7 +282,7 @@ impl Control {
                     _ => ("404 Not Found", TEXT, "not found\n".into()),
                 }
             };
-            tokio::spawn(serve_http(listener, answer));
+            tokio::spawn(serve_http(listener, port, answer));
         }
         let _ = started.send(Ok(Started { cert_requests }));
         tokio::spawn(report_dropped_log_lines(Duration::from_secs(5)));

@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use crate::core::config::ConnCaps;
-use crate::core::limits::LogLimiter;
 use crate::io::listener::TrafficPath;
+use crate::telemetry::ratelog::RateLog;
 
 /// A core's count of accepted connections per listener path, against its
 /// [`ConnCaps`]. A connection counts from accept until its task ends
@@ -27,7 +27,7 @@ pub struct Admission {
     /// fd table was full).
     waiters: RefCell<Vec<Waker>>,
     /// At most one "not accepting" line per second per core.
-    pub log: LogLimiter,
+    pub log: RateLog,
 }
 
 impl Admission {
@@ -37,7 +37,7 @@ impl Admission {
             open: Default::default(),
             peers: RefCell::default(),
             waiters: RefCell::default(),
-            log: LogLimiter::default(),
+            log: RateLog::new("connection caps reached", 1),
         }
     }
 

@@ -31,6 +31,10 @@ pub struct ProxyConfig {
     pub handshake_timeout: Duration,
     /// Inbound HBONE connections' keepalive and idle bounds.
     pub hbone_server: ServerTimeouts,
+    /// A proxied connection (passthrough, tunnel, SOCKS5) that moves no
+    /// byte either way for this long is closed (`--idle-timeout`); None:
+    /// never, as ztunnel.
+    pub idle_timeout: Option<Duration>,
     pub on_demand_timeout: Duration,
     pub cert_wait_timeout: Duration,
     /// Inbound serves only workloads on this node (None: every workload).

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crate::io::count::Counter;
 use crate::io::latch::Latch;
+use crate::telemetry::ratelog::RateLog;
 
 /// The limits, from the flags.
 #[derive(Clone, Copy, Debug)]
@@ -143,35 +144,9 @@ impl Drop for DialPermit {
     }
 }
 
-/// At most one log line per second for a kind of event on a core; the
-/// lines in between are counted and the next line says how many were
-/// suppressed. Counters elsewhere keep the full count.
-#[derive(Default)]
-pub struct LogLimiter {
-    last: Cell<Option<Instant>>,
-    suppressed: Cell<u64>,
-}
-
-impl LogLimiter {
-    /// Some(suppressed since the last line) when a line may be written now.
-    pub fn allow(&self) -> Option<u64> {
-        let now = Instant::now();
-        match self.last.get() {
-            Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
-                self.suppressed.set(self.suppressed.get() + 1);
-                None
-            }
-            _ => {
-                self.last.set(Some(now));
-                Some(self.suppressed.replace(0))
-            }
-        }
-    }
-}
-
 /// A counter bumped and a line maybe logged: the pair every refusal here
-/// makes.
-pub fn count_and_log(counter: &Counter, limiter: &LogLimiter, log: impl FnOnce(u64)) {
+/// makes (the line at most once a second per core: see [`RateLog`]).
+pub fn count_and_log(counter: &Counter, limiter: &RateLog, log: impl FnOnce(u64)) {
     counter.add(1);
     if let Some(suppressed) = limiter.allow() {
         log(suppressed);
@@ -223,15 +198,5 @@ mod tests {
         assert!(c.early_reset());
         assert!(c.calm.is_set());
         assert!(!c.early_reset(), "crossed once");
-    }
-
-    #[test]
-    fn the_log_limiter_counts_what_it_suppresses() {
-        let l = LogLimiter::default();
-        assert_eq!(l.allow(), Some(0));
-        assert_eq!(l.allow(), None);
-        assert_eq!(l.allow(), None);
-        l.last.set(Some(Instant::now() - Duration::from_secs(2)));
-        assert_eq!(l.allow(), Some(2));
     }
 }

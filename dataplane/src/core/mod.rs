@@ -38,6 +38,7 @@ use crate::io::listener::SelfAddrs;
 use crate::io::uring::Poller;
 use crate::telemetry::accesslog::OpenConnections;
 use crate::telemetry::metrics::CoreMetrics;
+use crate::telemetry::ratelog::RateLog;
 
 use crate::core::authorization::Registry;
 use crate::core::config::ProxyConfig;
@@ -81,9 +82,9 @@ pub struct CoreInputs {
     /// Inbound HBONE dials in flight on this core.
     pub dials: Rc<limits::CoreDials>,
     /// One log line a second for refused dials.
-    pub dial_refusals_log: limits::LogLimiter,
+    pub dial_refusals_log: RateLog,
     /// One log line a second for GOAWAYs sent to peers that reset early.
-    pub calm_log: limits::LogLimiter,
+    pub calm_log: RateLog,
     /// Dedicated mode: the proxy workload's uid in the snapshot of the
     /// version noted, found once per version (a scan of the workloads).
     proxy_workload_uid: RefCell<Option<(u64, Option<Str>)>>,
@@ -127,8 +128,8 @@ impl CoreInputs {
             snapshot: RefCell::new(Rc::new(snapshot)),
             control,
             dials: Rc::default(),
-            dial_refusals_log: limits::LogLimiter::default(),
-            calm_log: limits::LogLimiter::default(),
+            dial_refusals_log: RateLog::new("inbound HBONE streams refused at a dial cap", 1),
+            calm_log: RateLog::new("inbound HBONE connections sent GOAWAY for early resets", 1),
             proxy_workload_uid: RefCell::new(None),
         }
     }

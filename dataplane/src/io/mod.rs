@@ -19,6 +19,7 @@
 //! - [`reuseport`]: a closing listener's queued connections handed to the
 //!   port's other listeners (the next proxy's, at an upgrade).
 //! - [`count`]: core-local counters: bytes moved, things open.
+//! - [`idle`]: the idle bound of a proxied connection, read off its counts.
 //! - [`latch`]: a core-local one-shot signal (drain, pod removal).
 //! - [`sockmap`]: the kernel side of the in-kernel passthrough redirect
 //!   (BPF sockmap), and [`redirect`]: a core driving it.
@@ -26,6 +27,7 @@
 pub mod copy;
 pub mod count;
 pub mod executor;
+pub mod idle;
 pub mod latch;
 pub mod listener;
 pub mod netns;

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use crate::core::authorization;
 use crate::core::CoreInputs;
 use crate::io::copy::CopyOutcome;
+use crate::io::idle::{until_idle, Quiet};
 use crate::io::socket;
 use crate::proxy::downstream::{announce, refuse, Downstream, Failure};
 use crate::telemetry::accesslog::ConnLog;
@@ -41,14 +42,31 @@ pub async fn proxy_direct(
     if !announce(core, &client, downstream, Some(server.as_fd()), log).await {
         return;
     }
-    let outcome = core
+    let copy = core
         .copier
-        .bidirectional(&client, &server, &log.from_client, &log.to_client)
-        .await;
-    match outcome {
-        CopyOutcome::Closed => log.finish("closed"),
-        other => log.fail(other.describe()),
+        .bidirectional(&client, &server, &log.from_client, &log.to_client);
+    match until_idle(copy, quiet(core, log)).await {
+        Some(CopyOutcome::Closed) => log.finish("closed"),
+        Some(other) => log.fail(other.describe()),
+        None => idle_closed(core, log),
     }
+}
+
+/// The idle bound of `log`'s connection (`--idle-timeout`), read off the
+/// bytes it counts; never completes when there is none.
+pub fn quiet<'a>(core: &CoreInputs, log: &'a ConnLog) -> Quiet<'a> {
+    Quiet::new(core.cfg.idle_timeout, [&log.from_client, &log.to_client])
+}
+
+/// A connection was cut by `--idle-timeout` (its sockets, or its stream,
+/// close as the copy is dropped): counted, and said in its access-log line
+/// (rate-limited with the other failures).
+pub fn idle_closed(core: &CoreInputs, log: &ConnLog) {
+    core.metrics.stats.idle_closes[log.path().index()].add(1);
+    let bound = core.cfg.idle_timeout.unwrap_or_default();
+    log.fail(format!(
+        "closed: no byte either way for {bound:?} (--idle-timeout)"
+    ));
 }
 
 /// [`proxy_direct`] for an admitted inbound connection: until it ends, or

@@ -32,9 +32,11 @@ use crate::core::{spawn_cancellable, CoreInputs};
 use crate::hbone::liveness::{self, Liveness, OpenStream};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
+use crate::io::idle::until_idle;
 use crate::io::listener::TrafficPath;
 use crate::io::socket;
 use crate::io::stream::FdStream;
+use crate::proxy::direct::{idle_closed, quiet};
 use crate::proxy::downstream::timed_write_all;
 use crate::telemetry::accesslog::{ConnLog, Names};
 use crate::telemetry::metrics::{ConnLabels, Reporter};
@@ -663,18 +665,18 @@ async fn carry(
         Ok(s) => s,
         Err(e) => return log.fail(format!("could not answer 200: {e}")),
     };
-    let outcome = pump(
+    let pump = pump(
         &core.poller,
         upstream.as_raw_fd(),
         send,
         recv,
         &log.to_client,
         &log.from_client,
-    )
-    .await;
-    match outcome {
-        PumpOutcome::Closed => log.finish("closed"),
-        other => log.fail(other.describe()),
+    );
+    match until_idle(pump, quiet(core, log)).await {
+        Some(PumpOutcome::Closed) => log.finish("closed"),
+        Some(other) => log.fail(other.describe()),
+        None => idle_closed(core, log),
     }
 }
 

@@ -34,8 +34,9 @@ use crate::core::authorization::local_workload;
 use crate::core::CoreInputs;
 use crate::hbone;
 use crate::inpod::PodNetns;
+use crate::io::idle::until_idle;
 use crate::io::socket;
-use crate::proxy::direct::proxy_direct;
+use crate::proxy::direct::{idle_closed, proxy_direct, quiet};
 use crate::proxy::downstream::{announce, refuse, Downstream, Failure, Transparent};
 use crate::proxy::fast_path::{on_this_node, serve_local, LocalNext};
 use crate::telemetry::accesslog::{ConnLog, Names};
@@ -377,18 +378,19 @@ fn proxy_hbone<'a>(
         if !announce(core, &client, downstream, None, log).await {
             return;
         }
-        let outcome = hbone::pump(
+        let log = &*log;
+        let pump = hbone::pump(
             &core.poller,
             fd,
             stream.send,
             stream.recv,
             &log.from_client,
             &log.to_client,
-        )
-        .await;
-        match outcome {
-            hbone::PumpOutcome::Closed => log.finish("closed"),
-            other => log.fail(other.describe()),
+        );
+        match until_idle(pump, quiet(core, log)).await {
+            Some(hbone::PumpOutcome::Closed) => log.finish("closed"),
+            Some(other) => log.fail(other.describe()),
+            None => idle_closed(core, log),
         }
     }
 }

@@ -20,6 +20,29 @@ use crate::inpod::{PodConn, PodScope};
 use crate::io::count::{ByteCount, OpenCount};
 use crate::io::listener::TrafficPath;
 use crate::telemetry::metrics::{CoreStats, ResponseFlag, TcpCounters};
+use crate::telemetry::ratelog::RateLog;
+
+/// Access-log lines of failed connections a core writes per second and
+/// path (`TrafficPath::index` order); the rest are counted and reported
+/// in one "suppressed" line (see [`RateLog`]).
+pub const FAILURE_LINES: [RateLog; 4] = [
+    RateLog::new("failed outbound connections", FAILURE_LINES_PER_SECOND),
+    RateLog::new(
+        "failed inbound passthrough connections",
+        FAILURE_LINES_PER_SECOND,
+    ),
+    RateLog::new(
+        "failed inbound HBONE connections and streams",
+        FAILURE_LINES_PER_SECOND,
+    ),
+    RateLog::new("failed SOCKS5 connections", FAILURE_LINES_PER_SECOND),
+];
+
+/// Enough to see what is failing, and more than a burst of ordinary
+/// failures (a client retrying, a policy change refusing a pod's
+/// connections) reaches; a peer repeating a refusal thousands of times a
+/// second makes a core write this many lines, not thousands.
+pub const FAILURE_LINES_PER_SECOND: u32 = 100;
 
 /// Per-core count of open connections, counted from accept to close, and
 /// what drain waits on; mirrored into the core's metrics gauge.
@@ -253,6 +276,9 @@ impl Drop for ConnLog {
             };
             (false, why.into())
         });
+        if !ok {
+            self.open.stats.conn_failures[self.path.index()].add(1);
+        }
         if let Some(m) = self.metrics.take() {
             let flag = if ok {
                 ResponseFlag::None
@@ -261,6 +287,17 @@ impl Drop for ConnLog {
             };
             m.close(flag, !ok);
         }
+        // A failure's line is a refusal or an error a peer can repeat at
+        // will: rate-limited per core and path (the counters above took
+        // it in full). Lines of connections that ended well are not.
+        let suppressed = if ok {
+            None
+        } else {
+            match FAILURE_LINES[self.path.index()].allow() {
+                Some(n) => Some(n),
+                None => return,
+            }
+        };
         let direction = match self.path {
             TrafficPath::Outbound | TrafficPath::Socks5 => "outbound",
             TrafficPath::Inbound | TrafficPath::InboundPassthrough => "inbound",
@@ -327,6 +364,15 @@ impl Drop for ConnLog {
                 tracing::Level::ERROR,
                 "connection complete",
                 error = outcome
+            );
+        }
+        if let Some(n) = suppressed.filter(|&n| n > 0) {
+            // Suppressed lines no window-end report took (rare: see
+            // `ratelog`): said here rather than lost.
+            tracing::warn!(
+                kind = FAILURE_LINES[self.path.index()].kind,
+                suppressed = n,
+                "suppressed {n} similar lines before this one"
             );
         }
     }

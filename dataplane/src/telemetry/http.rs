@@ -3,6 +3,7 @@
 //! request per connection. What answers is the caller's.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,14 +33,65 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// does not hold its connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The side ports, for their counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SidePort {
+    Readiness,
+    Metrics,
+    Admin,
+}
+
+impl SidePort {
+    pub const ALL: [SidePort; 3] = [SidePort::Readiness, SidePort::Metrics, SidePort::Admin];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SidePort::Readiness => "readiness",
+            SidePort::Metrics => "metrics",
+            SidePort::Admin => "admin",
+        }
+    }
+
+    /// What its bounds did so far.
+    pub fn stats(self) -> &'static SidePortStats {
+        &SIDE_PORT_STATS[self as usize]
+    }
+}
+
+/// What a side port's bounds did: the scrape's
+/// `ringway_side_port_*_total{port}`.
+#[derive(Debug, Default)]
+pub struct SidePortStats {
+    /// Connections closed to make room at the cap (the oldest first).
+    pub displaced: AtomicU64,
+    /// Connections closed because the request head did not arrive in time.
+    pub read_timeouts: AtomicU64,
+    /// Connections closed because the client did not take the answer in
+    /// time.
+    pub write_timeouts: AtomicU64,
+}
+
+static SIDE_PORT_STATS: [SidePortStats; 3] = [const {
+    SidePortStats {
+        displaced: AtomicU64::new(0),
+        read_timeouts: AtomicU64::new(0),
+        write_timeouts: AtomicU64::new(0),
+    }
+}; 3];
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
 /// A deliberately small HTTP/1.1 server for the side endpoints (readiness
 /// for kubelet, metrics for Prometheus, admin): one request per
 /// connection, answered by `answer(method, path, query)` with (status,
 /// content type, body). What it is not made for gets a 4xx and a close,
 /// never a crash: a request that is not HTTP 400, one over 8 KiB 431, one
 /// slower than 5 s is closed, as is an answer not taken within 10 s; at
-/// most 64 connections at once (the oldest gives way).
-pub async fn serve_http<F>(listener: tokio::net::TcpListener, answer: F)
+/// most 64 connections at once (the oldest gives way). Each bound that
+/// bites is counted in `port`'s [`SidePortStats`].
+pub async fn serve_http<F>(listener: tokio::net::TcpListener, port: SidePort, answer: F)
 where
     F: Fn(&str, &str, &str) -> Answer + Send + Sync + 'static,
 {
@@ -56,13 +108,18 @@ where
         if live.len() >= MAX_CONNECTIONS {
             if let Some(oldest) = live.pop_front() {
                 oldest.abort();
+                bump(&port.stats().displaced);
             }
         }
         let answer = answer.clone();
         let task = tokio::spawn(async move {
             let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut s)).await;
             let (status, kind, body) = match head {
-                Err(_) => return, // too slow: closed
+                Err(_) => {
+                    // Too slow: closed.
+                    bump(&port.stats().read_timeouts);
+                    return;
+                }
                 Ok(Err(status)) => (status, TEXT, format!("{status}\n")),
                 Ok(Ok((method, path, query))) => {
                     let (status, kind, body) = answer(&method, &path, &query);
@@ -85,7 +142,9 @@ where
                 s.write_all(resp.as_bytes()).await?;
                 s.write_all(body.as_bytes()).await
             };
-            let _ = tokio::time::timeout(WRITE_TIMEOUT, write).await;
+            if tokio::time::timeout(WRITE_TIMEOUT, write).await.is_err() {
+                bump(&port.stats().write_timeouts);
+            }
         });
         live.push_back(task.abort_handle());
     }

@@ -190,6 +190,11 @@ pub struct CoreStats {
     pub peer_cap_refused: [Counter; 4],
     /// accept4 failed with EMFILE/ENFILE: the fd table was full.
     pub accept_fd_exhausted: Counter,
+    /// Connections (and inbound HBONE streams) of each path that failed or
+    /// were refused: every one, whether its log line was written or not.
+    pub conn_failures: [Counter; 4],
+    /// Connections of each path closed by `--idle-timeout`.
+    pub idle_closes: [Counter; 4],
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -487,6 +492,17 @@ impl MetricsHub {
             "ringway_log_lines_dropped_total {}",
             process.log_lines_dropped
         );
+        gauge(
+            &mut out,
+            "ringway_log_lines_suppressed_total",
+            "counter",
+            "Log lines the cores' rate limits held back (each reported in a \"suppressed N\" line)",
+        );
+        let _ = writeln!(
+            out,
+            "ringway_log_lines_suppressed_total {}",
+            crate::telemetry::ratelog::suppressed_total()
+        );
         self.dns.render(&mut out);
         let per_core: [PerCore; 27] = [
             (
@@ -662,7 +678,17 @@ impl MetricsHub {
             }
         }
         type PerPath = (&'static str, &'static str, fn(&CoreStats) -> &[Counter; 4]);
-        let per_path: [PerPath; 2] = [
+        let per_path: [PerPath; 4] = [
+            (
+                "ringway_core_connection_failures_total",
+                "Connections (inbound HBONE: streams) a core refused or that failed, per path; their access-log lines are rate-limited, this count is not",
+                |s| &s.conn_failures,
+            ),
+            (
+                "ringway_core_idle_closes_total",
+                "Connections a core closed because no byte moved either way for --idle-timeout, per path",
+                |s| &s.idle_closes,
+            ),
             (
                 "ringway_core_connection_cap_reached_total",
                 "Times a core stopped accepting on a listener because it had its cap of connections (per core and path)",
@@ -697,6 +723,7 @@ impl MetricsHub {
                 s.accept_fd_exhausted.get()
             );
         }
+        render_side_ports(&mut out);
         let name = "ringway_core_config_propagation_seconds";
         gauge(
             &mut out,
@@ -709,6 +736,38 @@ impl MetricsHub {
         }
         render_crl(&mut out, &CrlStore::global().stats());
         out
+    }
+}
+
+/// The side ports' bounds (15021, 15020, 15000): connections displaced at
+/// the cap, and closed for a slow request or an answer not taken.
+fn render_side_ports(out: &mut String) {
+    use crate::telemetry::http::{SidePort, SidePortStats};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    type Series = (&'static str, &'static str, fn(&SidePortStats) -> &AtomicU64);
+    let series: [Series; 3] = [
+        (
+            "ringway_side_port_displaced_total",
+            "Side-port connections closed to make room for a new one at the cap of 64 (the oldest first)",
+            |s| &s.displaced,
+        ),
+        (
+            "ringway_side_port_read_timeouts_total",
+            "Side-port connections closed because the request did not arrive within 5 s",
+            |s| &s.read_timeouts,
+        ),
+        (
+            "ringway_side_port_write_timeouts_total",
+            "Side-port connections closed because the client did not take the answer within 10 s",
+            |s| &s.write_timeouts,
+        ),
+    ];
+    for (name, help, get) in series {
+        let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+        for port in SidePort::ALL {
+            let n = get(port.stats()).load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{port=\"{}\"}} {n}", port.name());
+        }
     }
 }
 

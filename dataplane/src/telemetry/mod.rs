@@ -2,7 +2,8 @@
 //! ([`metrics`]), one access-log line per connection ([`accesslog`]) in
 //! ztunnel's formats ([`logfmt`]), the admin endpoint ([`admin`]), the
 //! small HTTP server of the side ports 15000/15020/15021 ([`http`]), and
-//! the allocator's counters ([`allocator`]).
+//! the allocator's counters ([`allocator`]), and the per-core rate limits
+//! of the log lines peers can cause ([`ratelog`]).
 
 pub mod accesslog;
 pub mod admin;
@@ -11,3 +12,4 @@ pub mod dns_metrics;
 pub mod http;
 pub mod logfmt;
 pub mod metrics;
+pub mod ratelog;

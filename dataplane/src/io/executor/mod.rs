@@ -111,6 +111,15 @@ fn with_local<R>(f: impl FnOnce(&Rc<Local>) -> R) -> R {
     })
 }
 
+/// Whether this thread runs a ringway executor (a core), where the
+/// executor API may be used.
+pub fn on_core() -> bool {
+    // try_with: asked from a destructor while the thread's locals go.
+    CURRENT
+        .try_with(|c| c.try_borrow().is_ok_and(|c| c.is_some()))
+        .unwrap_or(false)
+}
+
 /// Tasks alive on this core now (connections, pooled connections' drivers,
 /// the core's own loops).
 pub fn task_count() -> usize {

@@ -61,6 +61,16 @@ pub fn pin_to(cpu: usize) {
     }
 }
 
+/// Lowers the calling thread (and the threads it starts after) to the
+/// lowest priority: an attacker's threads beside the bystander's client.
+pub fn nice_self() {
+    // SAFETY: setpriority has no memory preconditions; on Linux `who` 0
+    // with PRIO_PROCESS is the calling thread.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+    }
+}
+
 /// One normal client: a fresh TCP connection from the client workload's
 /// address to B's 15008, mTLS, HTTP/2, CONNECT to the echo server, 4
 /// bytes there and back. Its latency, all of it.

@@ -14,8 +14,10 @@
 //! Plain TCP (15001, 15006) has no such bound on purpose: ringway forwards
 //! a passthrough connection's bytes as they come and buffers none, and an
 //! idle or slow TCP connection is a legitimate one that ztunnel keeps too;
-//! what bounds a peer there is the connection caps (tests/hostile_conns.rs
-//! holds more than the fd table through 15006 and 15008).
+//! what bounds a peer there is the connection caps. Here 150 clients of
+//! one address trickle through 15006 against a per-peer cap of 50: 50 are
+//! served (every byte forwarded at once), the rest reset at accept
+//! (tests/hostile_conns.rs holds idle ones past the whole fd table).
 
 mod common;
 
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::bystander::{self, Sampler};
-use common::nodes::{Nodes, SERVER_IP};
+use common::nodes::{base_config, Nodes, SERVER_IP};
 use tokio_rustls::rustls::{ClientConfig, ClientConnection};
 
 /// The tests of this file measure latency: one at a time.
@@ -229,11 +231,15 @@ struct Rig {
 }
 
 fn rig(tag: &str, extra: &[&str]) -> Rig {
+    rig_with(tag, &base_config(), extra)
+}
+
+fn rig_with(tag: &str, config: &str, extra: &[&str]) -> Rig {
     common::raise_nofile();
     let mut args: Vec<&str> = bystander::ONE_CORE.to_vec();
     args.extend(["--handshake-timeout", "2s"]);
     args.extend(extra);
-    let nodes = Nodes::new(tag, true, &args);
+    let nodes = Nodes::with_config(tag, config, true, &args);
     nodes.a.ip(&[
         "addr",
         "add",
@@ -520,4 +526,152 @@ fn a_trickled_socks5_greeting_is_cut_at_the_handshake_bound() {
         gap,
     );
     assert_bounded(&rig, during, before, peak, N);
+}
+
+/// A plaintext workload on node B, reached through B's 15006.
+const PLAIN_IP: &str = "10.250.0.3";
+/// Connections the attacker's address may hold on B's inbound listeners.
+const PER_PEER: usize = 50;
+
+/// One TCP client from the attacker's address on node A to the plain
+/// workload through B's 15006 (marked so that A's capture leaves it be).
+fn plain_connect() -> std::io::Result<TcpStream> {
+    use std::os::fd::AsRawFd;
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let mark: u32 = 0x539;
+    // SAFETY: setsockopt reads a u32 of the size passed.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            (&mark as *const u32).cast(),
+            4,
+        );
+    }
+    s.bind(
+        &format!("{ATTACKER_IP}:0")
+            .parse::<SocketAddr>()
+            .unwrap()
+            .into(),
+    )?;
+    let dst: SocketAddr = format!("{PLAIN_IP}:8080").parse().unwrap();
+    s.connect_timeout(&dst.into(), Duration::from_secs(2))?;
+    Ok(s.into())
+}
+
+#[test]
+fn trickling_tcp_through_passthrough_is_forwarded_and_held_to_the_peer_cap() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let config = format!(
+        r#"{}- uid: cluster1//v1/Pod/plain-ns/plain
+  name: plain
+  namespace: plain-ns
+  serviceAccount: plain
+  workloadIps: ["{PLAIN_IP}"]
+  protocol: TCP
+  node: node-b
+"#,
+        base_config()
+    );
+    let per_peer = PER_PEER.to_string();
+    let rig = rig_with("hslt", &config, &["--max-connections-per-peer", &per_peer]);
+    let vb = rig.nodes.veths.1.clone();
+    rig.nodes
+        .b
+        .ip(&["addr", "add", &format!("{PLAIN_IP}/24"), "dev", &vb]);
+    rig.nodes.b.nft(&format!(
+        "table inet hslt {{
+           chain pre {{ type nat hook prerouting priority -100; policy accept;
+             iifname \"{vb}\" tcp dport 8080 redirect to :15006;
+           }}
+         }}"
+    ));
+    rig.nodes.b.enter(|| {
+        common::serve_echo(std::net::TcpListener::bind(format!("{PLAIN_IP}:8080")).unwrap())
+    });
+    let before = bystander::usage(rig.pid);
+    let sampler = Sampler::start(rig.pid);
+    // Three times the cap, each sending a byte every 200 ms for 4 s and
+    // reading its echo back.
+    const N: usize = 3 * PER_PEER;
+    let attack = {
+        let ns = rig.nodes.a.name.clone();
+        std::thread::spawn(move || {
+            common::in_netns(&ns, move || {
+                bystander::pin_to(bystander::CLIENT_CPU);
+                bystander::nice_self();
+                let threads: Vec<_> = (0..N)
+                    .map(|_| {
+                        std::thread::sleep(Duration::from_millis(2));
+                        std::thread::spawn(|| {
+                            let Ok(mut s) = plain_connect() else {
+                                return 0;
+                            };
+                            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+                            let mut echoed = 0;
+                            let mut b = [0u8; 1];
+                            for _ in 0..20 {
+                                if s.write_all(b"x").is_err() {
+                                    break;
+                                }
+                                match s.read(&mut b) {
+                                    Ok(1) => echoed += 1,
+                                    _ => break,
+                                }
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                            echoed
+                        })
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().unwrap())
+                    .collect::<Vec<usize>>()
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let probes = bystander::probe(&rig.nodes, &rig.tls, 20, None);
+    let during = bystander::median_ok(&probes, "during the TCP trickle");
+    let echoed = attack.join().unwrap();
+    let peak = sampler.stop();
+    let held = echoed.iter().filter(|&&n| n == 20).count();
+    let refused: u64 = {
+        let (_, scrape) = rig.nodes.b().http_get("stats", "/metrics");
+        scrape
+            .lines()
+            .filter(|l| l.starts_with("ringway_core_peer_cap_refused_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    eprintln!(
+        "TCP trickle: {held} of {N} held to the end (every byte echoed), {refused} refused at the \
+         per-peer cap; bystander {during:?} (baseline {:?}); RSS {} → {} KiB, fds {} → {}",
+        rig.baseline, before.0, peak.0, before.1, peak.1
+    );
+    // Forwarded as it came (each byte echoed within a second), and never
+    // more than the cap at once: the rest reset at accept.
+    assert!(held > 0 && held <= PER_PEER, "{held} held: {echoed:?}");
+    assert!(refused >= (N - PER_PEER) as u64 / 2, "{refused} refused");
+    // A passthrough pair is two sockets, and a splice pipe's two ends when
+    // bulk moves (trickles do not): four fds a connection at most.
+    assert!(
+        peak.1 <= before.1 + 4 * PER_PEER + 6,
+        "fds {} → {}",
+        before.1,
+        peak.1
+    );
+    assert!(
+        during <= bystander::twice(rig.baseline),
+        "bystander {during:?} against {:?}",
+        rig.baseline
+    );
+    assert!(
+        peak.0 <= before.0 + 64 * PER_PEER as u64 + 8 * 1024,
+        "RSS {} → {} KiB",
+        before.0,
+        peak.0
+    );
 }

@@ -112,7 +112,10 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         .max_concurrent_streams(200)
         .max_header_list_size(64 << 10)
         .handshake::<_, Bytes>(tls_stream);
-    let mut h2 = match with_timeout(core.cfg.handshake_timeout, handshake).await {
+    // The preface under the same deadline as TLS: a peer that trickles
+    // one and then the other must not hold the socket for both in turn.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut h2 = match with_timeout(left, handshake).await {
         None => return log.fail("HTTP/2 handshake timed out"),
         Some(Err(e)) => return log.fail(format!("HTTP/2 handshake failed: {e}")),
         Some(Ok(c)) => c,

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod bystander;
 pub mod inpod;
 pub mod nodes;
 /// The in-test node agent lives in the shared rig (the benchmark uses it).

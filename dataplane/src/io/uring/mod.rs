@@ -100,6 +100,12 @@ struct Doorbell {
     rang: bool,
     /// The kernel ended the standing poll: arm it again.
     ended: bool,
+    /// Orphaned polls that posted an event after their removal was asked
+    /// for: the kernel refuses a removal that races an event being posted
+    /// (-EALREADY) and a multishot poll then lives on, holding its socket
+    /// open after ringway closed it (seen with a peer trickling bytes).
+    /// Asked again at the end of the pass.
+    outlived: Vec<usize>,
 }
 
 enum Slot {
@@ -448,6 +454,14 @@ impl Poller {
                 )
             };
         }
+        // Still orphaned (no last CQE in this pass): remove it again. The
+        // key cannot have been reused, so this names the same poll; a
+        // second removal of one already gone only gets -ENOENT.
+        for key in doorbell.outlived.drain(..) {
+            if matches!(self.slots.borrow().get(key), Some(Slot::Orphan)) {
+                self.cancel_poll(key);
+            }
+        }
         if doorbell.ended {
             if let Err(e) = self.arm_doorbell() {
                 tracing::error!(error = %e, "cannot re-arm the core's doorbell poll");
@@ -500,6 +514,8 @@ impl Poller {
                     // cancellation completes; only its last CQE frees the key.
                     if !more {
                         slots.remove(key);
+                    } else {
+                        doorbell.outlived.push(key);
                     }
                 }
                 Slot::Done(_) => {}

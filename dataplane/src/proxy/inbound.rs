@@ -28,7 +28,9 @@ use crate::core::authorization::{self, Inbound, Refused, Ticket};
 use crate::hbone::revocation::REVOKED;
 
 use crate::core::limits::{ConnDials, DialPermit, OverCap};
+use crate::core::memory::StreamHeld;
 use crate::core::{spawn_cancellable, CoreInputs};
+use crate::hbone::gate::{Gated, ReadGate, Released};
 use crate::hbone::liveness::{self, Liveness, OpenStream};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
@@ -102,6 +104,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         None,
     );
 
+    // Its account under the core's memory budget: past it, a connection
+    // holding much stops reading (core::memory).
+    let memory = core.memory.connection(peer.clone());
+    let gate = memory.clone().map(|m| m as Rc<dyn ReadGate>);
+    let tls_stream = Gated::new(tls_stream, fd, gate.clone());
+
     let s = core.cfg.h2;
     let handshake = h2::server::Builder::new()
         .initial_window_size(s.stream_window)
@@ -140,7 +148,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     // Time bounds (hbone::liveness): the SETTINGS ACK, keepalive, idle.
     let mut watch = h2
         .ping_pong()
-        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout));
+        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout, gate.clone()));
     let open = Rc::new(std::cell::Cell::new(0usize));
     let mut ending = "closed";
     loop {
@@ -184,7 +192,9 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                         stats.hbone_settings_ack_timeouts.add(1);
                         return log.fail("answered a PING but did not ACK our SETTINGS: cut off");
                     }
-                    Liveness::Answered => watch = Some(liveness::keepalive(pings, t, open.clone())),
+                    Liveness::Answered => {
+                        watch = Some(liveness::keepalive(pings, t, open.clone(), gate.clone()))
+                    }
                     Liveness::NoSettingsAck => {
                         stats.hbone_settings_ack_timeouts.add(1);
                         return log.fail(format!(
@@ -206,7 +216,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                         ending = "closed idle (--hbone-idle-timeout)";
                         draining = true;
                         h2.graceful_shutdown();
-                        watch = Some(liveness::keepalive(pings, t, open.clone()));
+                        watch = Some(liveness::keepalive(pings, t, open.clone(), gate.clone()));
                     }
                     Liveness::Gone => {}
                 }
@@ -217,7 +227,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 h2.graceful_shutdown();
             }
             Event::Stream(None) => break,
-            Event::Stream(Some(Ok((request, mut respond)))) => {
+            Event::Stream(Some(Ok((mut request, mut respond)))) => {
                 streams += 1;
                 // Over a cap: refused before anything is looked at, and
                 // without an access-log line each (a peer that floods
@@ -237,8 +247,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 };
                 let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound)
                     .in_pod(log.pod.as_deref());
+                // Counted from now: DATA the peer sends while the dial is in
+                // flight is held too.
+                let flow = request.body_mut().flow_control().clone();
+                let held = memory.as_ref().map(|m| m.track(flow));
                 let tunnel = admit(
-                    &core, conn_src, dst, &peer, request, respond, stream_log, permit,
+                    &core, conn_src, dst, &peer, request, respond, stream_log, permit, held,
                 );
                 if let Some(tunnel) = tunnel {
                     let held = OpenStream::new(&open);
@@ -356,8 +370,9 @@ fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 /// await needed) and returns the task that connects to the local workload,
 /// answers 200 and pumps; None when it was answered 400/401/503 and logged.
 /// Split this way so an open tunnel's task does not keep the request
-/// (headers, URI) alive. `permit` counts the dial from here on.
-#[allow(clippy::too_many_arguments)] // the stream's parts, and its dial's permit
+/// (headers, URI) alive. `permit` counts the dial from here on; `held`
+/// counts what the stream holds against the core's memory budget.
+#[allow(clippy::too_many_arguments)] // the stream's parts, its dial's permit and account
 fn admit(
     core: &Rc<CoreInputs>,
     conn_src: SocketAddr,
@@ -367,6 +382,7 @@ fn admit(
     mut respond: SendResponse<Bytes>,
     mut log: ConnLog,
     permit: DialPermit,
+    held: Option<StreamHeld>,
 ) -> Option<impl std::future::Future<Output = ()>> {
     log.route = "hbone";
     log.src_identity = Some(peer.to_string());
@@ -520,6 +536,7 @@ fn admit(
             from,
             header,
             permit,
+            held,
         }),
         respond,
         request.into_body(),
@@ -627,6 +644,9 @@ struct Upstream {
     header: Option<Vec<u8>>,
     /// Counts the dial in flight until it ends.
     permit: DialPermit,
+    /// What the stream holds, for the memory budget; kept for the
+    /// tunnel's life.
+    held: Option<StreamHeld>,
 }
 
 /// Why a dial gave no upstream.
@@ -640,7 +660,7 @@ enum DialFailed {
 
 async fn carry(
     core: &CoreInputs,
-    upstream: Box<Upstream>,
+    mut upstream: Box<Upstream>,
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -650,6 +670,7 @@ async fn carry(
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
     let target = upstream.addr;
+    let held = upstream.held.take();
     let connecting = Box::pin(dial(core, upstream, &mut respond, log.netns()));
     let upstream = match connecting.await {
         Ok(s) => s,
@@ -670,6 +691,7 @@ async fn carry(
         recv,
         &log.to_client,
         &log.from_client,
+        held.as_ref().map(|h| h as &dyn Released),
     )
     .await;
     match outcome {
@@ -693,6 +715,7 @@ async fn dial(
         from,
         header,
         permit,
+        held: _,
     } = *upstream;
     let connecting = async {
         connect_upstream(core, addr, from, header, netns)

@@ -384,6 +384,9 @@ fn proxy_hbone<'a>(
             stream.recv,
             &log.from_client,
             &log.to_client,
+            // What outbound tunnels hold is bounded by the pool's
+            // connections' windows; the budget counts inbound 15008.
+            None,
         )
         .await;
         match outcome {

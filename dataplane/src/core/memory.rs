@@ -16,9 +16,9 @@
 //! ([`must_pause`], enforced by `hbone::gate`): their bytes stay in the
 //! kernel and TCP pushes back on the peer. A connection holding little
 //! keeps reading, so a bystander's small tunnel keeps flowing beside a
-//! peer whose workload never reads. A paused connection reads again when
-//! what it or the core holds falls (a tunnel released window, a stream or
-//! connection ended).
+//! peer whose workload never reads. A paused connection is woken when
+//! what it holds falls, or when the core's total falls under the soft
+//! limit, and looks again once a second anyway.
 //!
 //! Per-connection buffers that do not depend on what the peer sends are
 //! not counted here: they are bounded by the connection caps (the socket's
@@ -305,7 +305,6 @@ impl Drop for ConnMemory {
         // Its streams are gone (each guard holds the connection).
         self.set_held(0);
         self.resume();
-        self.core.wake_all();
     }
 }
 
@@ -334,9 +333,11 @@ impl Drop for StreamHeld {
             .borrow_mut()
             .retain(|s| !Rc::ptr_eq(s, &self.stream));
         let seen = self.stream.seen.get();
+        // Fewer holders mean larger shares, which paused connections see
+        // when they look again (`hbone::gate`, once a second): a wake-up
+        // of every paused connection at each stream's end would cost the
+        // core as much as they are many.
         conn.set_held(conn.held.get().saturating_sub(seen));
-        // Fewer holders may mean a larger share for the paused.
-        conn.core.wake_all();
     }
 }
 

@@ -5,10 +5,10 @@
 //! read is pending.
 //!
 //! Who shuts the gate is decided above this layer (the core's memory
-//! budget, `core::memory`); this layer only asks. A shut gate still looks
-//! at the socket once a second: a peer that closed or reset the
-//! connection meanwhile (its FIN waits behind the unread bytes) ends it,
-//! rather than leaving it and what it holds behind.
+//! budget, `core::memory`); this layer only asks. A shut gate asks again
+//! once a second, and looks at the socket then: a peer that closed or
+//! reset the connection meanwhile (its FIN waits behind the unread bytes)
+//! ends it, rather than leaving it and what it holds behind.
 
 use std::future::Future;
 use std::io;
@@ -67,21 +67,21 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gated<T> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if let Some(gate) = &this.gate {
-            if gate.poll_open(cx).is_pending() {
-                loop {
-                    let look = this
-                        .look
-                        .get_or_insert_with(|| Box::pin(timer::sleep(LOOK_EVERY)));
-                    if look.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    this.look = None;
-                    if socket::peer_gone(this.fd) {
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            "the peer closed the connection while its reads were held back",
-                        )));
-                    }
+            // Shut: look again once a second (the gate may have changed its
+            // mind on what no wake-up told it), and end if the peer left.
+            while gate.poll_open(cx).is_pending() {
+                let look = this
+                    .look
+                    .get_or_insert_with(|| Box::pin(timer::sleep(LOOK_EVERY)));
+                if look.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.look = None;
+                if socket::peer_gone(this.fd) {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "the peer closed the connection while its reads were held back",
+                    )));
                 }
             }
             this.look = None;

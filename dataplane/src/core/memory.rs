@@ -14,7 +14,9 @@
 //!
 //! Past the budget the heaviest connections stop reading their socket
 //! ([`must_pause`], enforced by `hbone::gate`): their bytes stay in the
-//! kernel and TCP pushes back on the peer. A connection holding little
+//! kernel and TCP pushes back on the peer; their h2 connection window is
+//! shut meanwhile (`proxy::inbound`), so the peer gets no new window and
+//! resuming brings no burst. A connection holding little
 //! keeps reading, so a bystander's small tunnel keeps flowing beside a
 //! peer whose workload never reads. A paused connection is woken when
 //! what it holds falls, or when the core's total falls under the soft
@@ -114,6 +116,7 @@ impl CoreMemory {
                 paused: Cell::new(false),
                 resumed_at: Cell::new(None),
                 reader: RefCell::new(None),
+                watcher: RefCell::new(None),
             })
         })
     }
@@ -169,6 +172,8 @@ pub struct ConnMemory {
     resumed_at: Cell<Option<Instant>>,
     /// The connection's reader while paused.
     reader: RefCell<Option<Waker>>,
+    /// The connection's loop, told of pauses and resumptions.
+    watcher: RefCell<Option<Waker>>,
 }
 
 /// What one stream held when last looked at.
@@ -231,10 +236,31 @@ impl ConnMemory {
         }
     }
 
+    /// Resolves with whether the connection is paused once that differs
+    /// from `applied`: its loop then shuts or reopens the h2 window.
+    pub async fn paused_changed(&self, applied: bool) -> bool {
+        std::future::poll_fn(|cx| {
+            let paused = self.paused.get();
+            if paused != applied {
+                return Poll::Ready(paused);
+            }
+            *self.watcher.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn wake_watcher(&self) {
+        if let Some(w) = self.watcher.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
     fn pause(&self, cx: &mut Context<'_>) {
         let core = &self.core;
         if !self.paused.replace(true) {
             core.set_paused(1);
+            self.wake_watcher();
             let stats = &core.stats;
             crate::core::limits::count_and_log(&stats.memory_pauses, &core.log, |n| {
                 tracing::warn!(
@@ -262,6 +288,7 @@ impl ConnMemory {
     fn resume(&self) {
         if self.paused.replace(false) {
             self.core.set_paused(-1);
+            self.wake_watcher();
             self.resumed_at.set(Some(Instant::now()));
         }
     }

@@ -151,6 +151,8 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout, gate.clone()));
     let open = Rc::new(std::cell::Cell::new(0usize));
     let mut ending = "closed";
+    // Whether the connection window is shut for the memory budget.
+    let mut window_shut = false;
     loop {
         let accepted =
             futures_lite::future::or(async { Event::Stream(h2.accept().await) }, async {
@@ -171,6 +173,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 Event::Calm
             },
         );
+        let alarms = futures_lite::future::or(alarms, async {
+            match &memory {
+                Some(m) => Event::Budget(m.paused_changed(window_shut).await),
+                None => std::future::pending().await,
+            }
+        });
         let watched = async {
             match watch.as_mut() {
                 Some(w) => Event::Liveness(w.as_mut().await),
@@ -182,6 +190,13 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         match event {
             Event::Revoked => return close_revoked(&core, &peer, h2, log, streams).await,
             Event::Calm => return calm_down(&core, &peer, h2, log, streams).await,
+            // Paused by the budget: no more window for the peer while its
+            // reads are held back (so that resuming does not bring a burst),
+            // the configured window again once it reads.
+            Event::Budget(paused) => {
+                window_shut = paused;
+                h2.set_target_window_size(if paused { 0 } else { s.connection_window });
+            }
             Event::Liveness((seen, pings)) => {
                 let t = core.cfg.hbone_server;
                 let stats = &core.metrics.stats;
@@ -278,6 +293,8 @@ enum Event<T> {
     Shutdown,
     Revoked,
     Calm,
+    /// The memory budget paused (true) or resumed the connection's reads.
+    Budget(bool),
     /// The liveness watch ended (hbone::liveness), with the PING handle.
     Liveness((Liveness, h2::PingPong)),
 }

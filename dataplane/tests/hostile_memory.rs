@@ -6,7 +6,8 @@
 //! `--memory-budget-per-core` the heaviest connections stop reading past
 //! it. Checked: ringway B's RSS stays within its baseline, the budget and
 //! a stated slack; the held gauge stays within the budget and one frame per
-//! connection; connections were paused and counted; a bystander's CONNECT
+//! connection; connections were paused and counted, and not cut by a short
+//! keepalive for the answers they did not read; a bystander's CONNECT
 //! with a 4 KiB echo keeps its latency; once the attacker leaves, nothing
 //! stays counted.
 //!
@@ -70,10 +71,16 @@ fn client_tls(nodes: &Nodes) -> Arc<ClientConfig> {
 }
 
 /// A TLS + h2 connection to ringway B's 15008, its driver on a task.
-async fn h2_connect(tls: &Arc<ClientConfig>) -> SendRequest<Bytes> {
+/// `abortive`: closed with RST (SO_LINGER 0), see [`flood`].
+async fn h2_connect(tls: &Arc<ClientConfig>, abortive: bool) -> SendRequest<Bytes> {
     let addr: SocketAddr = format!("{SERVER_IP}:15008").parse().unwrap();
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tcp.set_nodelay(true).unwrap();
+    if abortive {
+        socket2::SockRef::from(&tcp)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+    }
     let name = rustls_pki_types::ServerName::IpAddress(addr.ip().into());
     let tls = tokio_rustls::TlsConnector::from(tls.clone())
         .connect(name, tcp)
@@ -120,13 +127,18 @@ fn median(mut v: Vec<Duration>) -> Duration {
 /// CONNECT streams to the sink on `CONNS` connections, each pushing as
 /// much as ringway's windows allow until `PUSH` is over. Bytes handed to
 /// h2 (which sends only what the windows allow).
+///
+/// The attacker leaves with RST: a FIN would wait in its kernel behind
+/// the bytes a paused connection does not read (ringway's receive window
+/// is closed), and ringway would learn of it only from TCP keepalive once
+/// the attacker's kernel gives up on the orphaned socket (minutes).
 async fn flood(tls: Arc<ClientConfig>, pushed: Arc<AtomicU64>) {
     let chunk = Bytes::from(vec![0x5a; 1 << 20]);
     let until = tokio::time::Instant::now() + PUSH;
     let mut pushers = Vec::new();
     let mut conns = Vec::new();
     for _ in 0..CONNS {
-        let send = h2_connect(&tls).await;
+        let send = h2_connect(&tls, true).await;
         for _ in 0..STREAMS {
             let mut ready = send.clone().ready().await.expect("attacker connection");
             let (response, mut body) = ready.send_request(connect_request(SINK), false).unwrap();
@@ -263,10 +275,18 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
     common::raise_nofile();
     let given = budget();
     let flag = given.map(|b| b.to_string());
-    let args: Vec<&str> = match &flag {
-        Some(b) => vec!["--memory-budget-per-core", b.as_str()],
-        None => vec![],
-    };
+    // A keepalive much shorter than the attack: a connection the budget
+    // paused does not read its peer's PING answers, and must not be cut
+    // for that.
+    let mut args = vec![
+        "--hbone-keepalive-interval",
+        "1s",
+        "--hbone-keepalive-timeout",
+        "1s",
+    ];
+    if let Some(b) = &flag {
+        args.extend(["--memory-budget-per-core", b.as_str()]);
+    }
     let nodes = Nodes::new("hmem", true, &args);
     // Without the flag the bounds are still this test's budget's.
     let budget = given.unwrap_or(BUDGET);
@@ -295,7 +315,7 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
             let tls = tls.clone();
             nodes.a.enter(move || {
                 let rt = runtime();
-                let bystander = rt.block_on(h2_connect(&tls));
+                let bystander = rt.block_on(h2_connect(&tls, false));
                 let mut baseline = Vec::new();
                 rt.block_on(async {
                     for _ in 0..30 {
@@ -330,13 +350,14 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
     let peaks = sampler.join().unwrap();
     let (_, metrics) = nodes.b().http_get("stats", "/metrics");
     let pauses = sum_series(&metrics, "ringway_core_hbone_memory_pauses_total");
+    let keepalive_cuts = sum_series(&metrics, "ringway_core_hbone_keepalive_timeouts_total");
     let (base, dur) = (median(baseline.clone()), median(during.clone()));
     let grew = peaks.rss.saturating_sub(rss_before);
     let overhead = CONNS as u64 * (SOCKET_CAP + MAX_FRAME);
     eprintln!(
         "hostile_memory: budget {given:?} per core on {cores} cores; {CONNS} connections x \
          {STREAMS} streams pushed {} MiB; ringway B's RSS {} MiB before, peak {} MiB \
-         (+{} MiB); peak held {} MiB, peak paused {}, pauses {pauses:?}; bystander median \
+         (+{} MiB); peak held {} MiB, peak paused {}, pauses {pauses:?}, keepalive cuts {keepalive_cuts:?}; bystander median \
          {base:?} baseline, {dur:?} during ({} probes, max {:?})",
         pushed.load(Ordering::Relaxed) / MIB,
         rss_before / MIB,
@@ -378,6 +399,12 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
     assert!(
         pauses.is_some_and(|n| n >= peaks.paused),
         "pauses {pauses:?}, {peaks:?}"
+    );
+    // Paused by us, not cut for the PING answers it did not read.
+    assert_eq!(
+        keepalive_cuts,
+        Some(0),
+        "paused connections were cut for unanswered keepalive PINGs"
     );
     // Logged, at most a line a second per core.
     let lines = nodes

@@ -394,6 +394,14 @@ pub struct Args {
     #[arg(long, env = "RINGWAY_IDLE_TIMEOUT", default_value = "0", value_parser = parse_duration)]
     pub idle_timeout: Duration,
 
+    /// Inbound HBONE: bytes one core may hold for peers (DATA received
+    /// and not yet taken by its workload) before the connections holding
+    /// the most stop reading their socket until it falls (suffix K/M/G;
+    /// 0 = no budget). The default leaves room for sixteen connections at
+    /// ztunnel's full 16 MiB window per core.
+    #[arg(long, env = "RINGWAY_MEMORY_BUDGET_PER_CORE", default_value = "256M", value_parser = parse_budget)]
+    pub memory_budget_per_core: u64,
+
     /// Port of peers' HBONE listeners.
     #[arg(long, env = "RINGWAY_HBONE_PORT", default_value_t = 15008)]
     pub hbone_port: u16,
@@ -681,6 +689,21 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
         .and_then(|n| u32::try_from(n).ok())
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("invalid size {s:?} (examples: 65535, 64K, 4M)"))
+}
+
+/// A byte budget: "0" (none), plain bytes, or K/M/G (binary units).
+fn parse_budget(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| format!("invalid byte budget {s:?} (examples: 0, 64M, 1G)"))
 }
 
 fn parse_recv_buffers(s: &str) -> Result<u16, String> {
@@ -990,6 +1013,7 @@ impl Args {
             },
             // Replaced by `app::run` once RLIMIT_NOFILE is raised.
             conn_caps: self.conn_caps(u64::MAX, 1),
+            memory_budget: self.memory_budget_per_core,
             pool: PoolConfig {
                 max_streams: self.pool_max_streams.max(1),
                 idle_timeout: self.pool_idle_timeout,
@@ -1194,6 +1218,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--drain-timeout"), "{e}");
+    }
+
+    #[test]
+    fn budgets() {
+        assert_eq!(parse_budget("0").unwrap(), 0);
+        assert_eq!(parse_budget("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_budget("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_budget("64k").unwrap(), 64 << 10);
+        assert!(parse_budget("-1").is_err());
+        assert!(parse_budget("1T").is_err());
+        assert_eq!(test_args().proxy_config().memory_budget, 256 << 20);
     }
 
     #[test]

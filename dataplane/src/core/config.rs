@@ -58,6 +58,9 @@ pub struct ProxyConfig {
     /// Per-core caps on accepted connections (`app` derives the total
     /// from RLIMIT_NOFILE once it is raised).
     pub conn_caps: ConnCaps,
+    /// Bytes a core may hold for inbound HBONE peers before their heaviest
+    /// connections stop reading (`core::memory`); 0: no budget.
+    pub memory_budget: u64,
 }
 
 /// Per-core caps on accepted connections, so that one peer's flood cannot

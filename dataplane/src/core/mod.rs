@@ -12,11 +12,14 @@
 //!   late rejection.
 //! - [`limits`]: what bounds one peer's work on a core (dials in flight,
 //!   early resets, refusal log lines).
+//! - [`memory`]: the core's budget for bytes held on behalf of inbound
+//!   HBONE peers, and which connections stop reading past it.
 
 pub mod admission;
 pub mod authorization;
 pub mod config;
 pub mod limits;
+pub mod memory;
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -85,6 +88,9 @@ pub struct CoreInputs {
     pub dial_refusals_log: RateLog,
     /// One log line a second for GOAWAYs sent to peers that reset early.
     pub calm_log: RateLog,
+    /// Bytes held for inbound HBONE peers, against
+    /// `--memory-budget-per-core`.
+    pub memory: Rc<memory::CoreMemory>,
     /// Dedicated mode: the proxy workload's uid in the snapshot of the
     /// version noted, found once per version (a scan of the workloads).
     proxy_workload_uid: RefCell<Option<(u64, Option<Str>)>>,
@@ -110,6 +116,7 @@ impl CoreInputs {
         snapshot: Arc<Snapshot>,
     ) -> Self {
         let admission = Rc::new(crate::core::admission::Admission::new(cfg.conn_caps));
+        let memory = memory::CoreMemory::new(cfg.memory_budget, metrics.stats.clone(), index);
         CoreInputs {
             index,
             cfg,
@@ -130,6 +137,7 @@ impl CoreInputs {
             dials: Rc::default(),
             dial_refusals_log: RateLog::new("inbound HBONE streams refused at a dial cap", 1),
             calm_log: RateLog::new("inbound HBONE connections sent GOAWAY for early resets", 1),
+            memory,
             proxy_workload_uid: RefCell::new(None),
         }
     }

@@ -10,6 +10,10 @@
 //! wait for their ACK. So: PING at once; no answer within the bound → cut;
 //! an answer while our SETTINGS are still unacknowledged → a client that
 //! answers PINGs but withholds the ACK, cut too.
+//!
+//! A connection whose reads the core held back (its memory budget,
+//! [`gate`](super::gate)) may have its answer waiting unread: silence then
+//! does not count against the peer, and the wait starts again.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -19,7 +23,11 @@ use std::time::{Duration, Instant};
 
 use h2::{Ping, PingPong};
 
+use super::gate::ReadGate;
 use crate::io::executor::timer;
+
+/// The connection's read gate, if it has one.
+pub type Gate = Option<Rc<dyn ReadGate>>;
 
 /// The bounds, from the command line.
 #[derive(Clone, Copy, Debug)]
@@ -65,9 +73,9 @@ pub enum Liveness {
 pub type Watch = Pin<Box<dyn Future<Output = (Liveness, PingPong)>>>;
 
 /// One PING right after the handshake, answered within `bound`.
-pub fn first_ping(mut pings: PingPong, bound: Duration) -> Watch {
+pub fn first_ping(mut pings: PingPong, bound: Duration, gate: Gate) -> Watch {
     Box::pin(async move {
-        let seen = match round_trip(&mut pings, bound).await {
+        let seen = match round_trip(&mut pings, bound, &gate).await {
             Some(true) => Liveness::Answered,
             Some(false) => Liveness::Gone,
             None => Liveness::NoSettingsAck,
@@ -78,7 +86,12 @@ pub fn first_ping(mut pings: PingPong, bound: Duration) -> Watch {
 
 /// PINGs every interval and the idle timeout, for the connection's life.
 /// `open` counts the connection's open streams.
-pub fn keepalive(mut pings: PingPong, t: ServerTimeouts, open: Rc<Cell<usize>>) -> Watch {
+pub fn keepalive(
+    mut pings: PingPong,
+    t: ServerTimeouts,
+    open: Rc<Cell<usize>>,
+    gate: Gate,
+) -> Watch {
     Box::pin(async move {
         // Wake at the shorter bound; ping only once per interval.
         let step = t
@@ -96,7 +109,7 @@ pub fn keepalive(mut pings: PingPong, t: ServerTimeouts, open: Rc<Cell<usize>>) 
             }
             if now - pinged >= t.keepalive_interval {
                 pinged = now;
-                match round_trip(&mut pings, t.keepalive_timeout).await {
+                match round_trip(&mut pings, t.keepalive_timeout, &gate).await {
                     Some(true) => {}
                     Some(false) => return (Liveness::Gone, pings),
                     None => return (Liveness::NoPong, pings),
@@ -107,13 +120,22 @@ pub fn keepalive(mut pings: PingPong, t: ServerTimeouts, open: Rc<Cell<usize>>) 
 }
 
 /// Some(true): answered; Some(false): the connection is gone; None: no
-/// answer within `bound`.
-async fn round_trip(pings: &mut PingPong, bound: Duration) -> Option<bool> {
+/// answer within `bound` while the connection was reading.
+async fn round_trip(pings: &mut PingPong, bound: Duration, gate: &Gate) -> Option<bool> {
     if pings.send_ping(Ping::opaque()).is_err() {
         return Some(false);
     }
     let pong = std::future::poll_fn(|cx| pings.poll_pong(cx));
-    timer::timeout(bound, pong).await.ok().map(|r| r.is_ok())
+    let mut pong = std::pin::pin!(pong);
+    loop {
+        let since = Instant::now();
+        match timer::timeout(bound, pong.as_mut()).await {
+            Ok(r) => return Some(r.is_ok()),
+            // Held back by us: the answer may be unread; wait again.
+            Err(_) if gate.as_ref().is_some_and(|g| g.held_back_since(since)) => {}
+            Err(_) => return None,
+        }
+    }
 }
 
 /// Counts a connection's open streams while the wrapped future runs.

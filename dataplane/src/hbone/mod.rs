@@ -10,12 +10,15 @@
 //! - [`proxy_header`]: the PROXY v2 header of application tunnels.
 //! - [`revocation`]: a core's open HBONE connections by peer chain, closed
 //!   when a reloaded CRL revokes their peer.
+//! - [`gate`]: holds back an h2 connection's reads (the core's memory
+//!   budget decides when).
 //!
 //! This module holds what both directions share: HTTP/2 settings, the
 //! stream ⇄ socket pump with correct flow control and FIN/RST mapping, and
 //! the HBONE request headers.
 
 pub mod client;
+pub mod gate;
 pub mod liveness;
 pub mod pool;
 pub mod proxy_header;
@@ -38,6 +41,8 @@ use crate::io::count::ByteCount;
 use crate::io::socket;
 use crate::io::stream::ReadSizer;
 use crate::io::uring::{Poller, Registration, RingSocket};
+
+use self::gate::Released;
 
 /// HTTP/2 tuning (ztunnel's defaults; 64 KiB windows cripple throughput).
 #[derive(Clone, Copy, Debug)]
@@ -114,7 +119,8 @@ impl PumpOutcome {
 /// both directions end. TCP FIN ⇄ END_STREAM, TCP RST ⇄ RST_STREAM
 /// (CONNECT_ERROR, as RFC 9113 §8.5 asks for a reset TCP connection).
 /// `to_tunnel` / `from_tunnel` count payload bytes as they move (handed to
-/// h2, or queued on the socket).
+/// h2, or queued on the socket); `released`, when given, hears of every
+/// window given back.
 ///
 /// Not an `async fn`: a tunnel's task keeps this future for the tunnel's
 /// life, and one state machine holding both I/O modes' futures is as large
@@ -126,12 +132,46 @@ pub fn pump<'a>(
     recv: RecvStream,
     to_tunnel: &'a ByteCount,
     from_tunnel: &'a ByteCount,
+    released: Option<&'a dyn Released>,
 ) -> std::pin::Pin<Box<dyn Future<Output = PumpOutcome> + 'a>> {
+    let from_tunnel: Reports<'a> = (from_tunnel, released);
     if poller.completion() {
         Box::pin(pump_ring(poller, fd, send, recv, to_tunnel, from_tunnel))
     } else {
         Box::pin(pump_ready(poller, fd, send, recv, to_tunnel, from_tunnel))
     }
+}
+
+/// Where the tunnel → socket direction reports: its byte count, and who
+/// hears of released window.
+type Reports<'a> = (&'a ByteCount, Option<&'a dyn Released>);
+
+/// The tunnel → socket direction's reports, and the stream's send half,
+/// watched for a reset while the workload's socket has no room.
+type FromTunnel<'a> = (
+    &'a ByteCount,
+    Option<&'a dyn Released>,
+    &'a RefCell<SendStream<Bytes>>,
+);
+
+/// Resolves when the stream is reset or its connection is gone: a tunnel
+/// waiting on a workload that does not read would otherwise never learn
+/// it, and keep what h2 holds for it (and its socket) for good.
+async fn stream_gone(send: &RefCell<SendStream<Bytes>>) -> PumpOutcome {
+    let why = futures_lite::future::poll_fn(|cx| send.borrow_mut().poll_reset(cx)).await;
+    match why {
+        Ok(reason) => PumpOutcome::TunnelReset(format!("stream reset by peer: {reason}")),
+        Err(e) => PumpOutcome::TunnelReset(e.to_string()),
+    }
+}
+
+/// Waits for `room` unless the stream goes first.
+async fn room_or_gone(
+    room: impl Future<Output = std::io::Result<()>>,
+    send: &RefCell<SendStream<Bytes>>,
+) -> Result<(), PumpOutcome> {
+    let room = async { room.await.map_err(|e| PumpOutcome::TcpReset(e.to_string())) };
+    futures_lite::future::or(room, async { Err(stream_gone(send).await) }).await
 }
 
 async fn pump_ring(
@@ -140,7 +180,7 @@ async fn pump_ring(
     send: SendStream<Bytes>,
     mut recv: RecvStream,
     to_tunnel: &ByteCount,
-    from_tunnel: &ByteCount,
+    (from_tunnel, released): Reports<'_>,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
     let sock = RingSocket::new(poller, fd, poller.caps());
@@ -150,7 +190,7 @@ async fn pump_ring(
     // life (992 bytes then, this future).
     let failure = futures_lite::future::try_zip(
         ring_socket_to_stream(&sock, &send, to_tunnel),
-        ring_stream_to_socket(&sock, &mut recv, from_tunnel),
+        ring_stream_to_socket(&sock, &mut recv, (from_tunnel, released, &send)),
     )
     .await
     .err();
@@ -164,14 +204,14 @@ async fn pump_ready(
     send: SendStream<Bytes>,
     mut recv: RecvStream,
     to_tunnel: &ByteCount,
-    from_tunnel: &ByteCount,
+    (from_tunnel, released): Reports<'_>,
 ) -> PumpOutcome {
     let send = RefCell::new(send);
     let reg = Registration::new(poller, fd);
     // As in pump_ring.
     let failure = futures_lite::future::try_zip(
         socket_to_stream(&reg, &send, to_tunnel),
-        stream_to_socket(&reg, &mut recv, from_tunnel),
+        stream_to_socket(&reg, &mut recv, (from_tunnel, released, &send)),
     )
     .await
     .err();
@@ -268,7 +308,7 @@ async fn ring_socket_to_stream(
 async fn ring_stream_to_socket(
     sock: &RingSocket,
     recv: &mut RecvStream,
-    moved: &ByteCount,
+    (moved, released, send): FromTunnel<'_>,
 ) -> Result<(), PumpOutcome> {
     loop {
         match recv.data().await {
@@ -280,13 +320,14 @@ async fn ring_stream_to_socket(
                 return Ok(());
             }
             Some(Ok(data)) => {
-                sock.room()
-                    .await
-                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                room_or_gone(sock.room(), send).await?;
                 let n = data.len();
                 sock.send(data);
                 moved.add(n as u64);
                 let _ = recv.flow_control().release_capacity(n);
+                if let Some(r) = released {
+                    r.released(sock.queued());
+                }
             }
             Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
         }
@@ -341,7 +382,7 @@ async fn socket_to_stream(
 async fn stream_to_socket(
     reg: &Registration,
     recv: &mut RecvStream,
-    moved: &ByteCount,
+    (moved, released, send): FromTunnel<'_>,
 ) -> Result<(), PumpOutcome> {
     loop {
         match recv.data().await {
@@ -350,11 +391,13 @@ async fn stream_to_socket(
                 return Ok(());
             }
             Some(Ok(data)) => {
-                crate::io::stream::write_all(reg, &data)
-                    .await
-                    .map_err(|e| PumpOutcome::TcpReset(e.to_string()))?;
+                room_or_gone(crate::io::stream::write_all(reg, &data), send).await?;
                 moved.add(data.len() as u64);
                 let _ = recv.flow_control().release_capacity(data.len());
+                if let Some(r) = released {
+                    // Written: nothing of it is held any more.
+                    r.released(0);
+                }
             }
             Some(Err(e)) => return Err(PumpOutcome::TunnelReset(e.to_string())),
         }

@@ -325,6 +325,20 @@ pub fn take_error(fd: RawFd) -> Option<io::Error> {
     socket2::SockRef::from(&fd).take_error().ok().flatten()
 }
 
+/// Whether the peer has finished (FIN) or reset the connection, even
+/// with bytes of it still unread: what a reader that stopped reading can
+/// still learn.
+pub fn peer_gone(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, valid for the call; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Makes the next close() send RST instead of FIN, to propagate a reset.
 pub fn set_reset_on_close(fd: RawFd) {
     let linger = libc::linger {

@@ -28,7 +28,9 @@ use crate::core::authorization::{self, Inbound, Refused, Ticket};
 use crate::hbone::revocation::REVOKED;
 
 use crate::core::limits::{ConnDials, DialPermit, OverCap};
+use crate::core::memory::StreamHeld;
 use crate::core::{spawn_cancellable, CoreInputs};
+use crate::hbone::gate::{Gated, ReadGate, Released};
 use crate::hbone::liveness::{self, Liveness, OpenStream};
 use crate::hbone::{self, pump, with_timeout, PumpOutcome};
 use crate::inpod::is_pods_own;
@@ -104,6 +106,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         None,
     );
 
+    // Its account under the core's memory budget: past it, a connection
+    // holding much stops reading (core::memory).
+    let memory = core.memory.connection(peer.clone());
+    let gate = memory.clone().map(|m| m as Rc<dyn ReadGate>);
+    let tls_stream = Gated::new(tls_stream, fd, gate.clone());
+
     let s = core.cfg.h2;
     let handshake = h2::server::Builder::new()
         .initial_window_size(s.stream_window)
@@ -145,9 +153,11 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
     // Time bounds (hbone::liveness): the SETTINGS ACK, keepalive, idle.
     let mut watch = h2
         .ping_pong()
-        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout));
+        .map(|p| liveness::first_ping(p, core.cfg.handshake_timeout, gate.clone()));
     let open = Rc::new(std::cell::Cell::new(0usize));
     let mut ending = "closed";
+    // Whether the connection window is shut for the memory budget.
+    let mut window_shut = false;
     loop {
         let accepted =
             futures_lite::future::or(async { Event::Stream(h2.accept().await) }, async {
@@ -168,6 +178,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 Event::Calm
             },
         );
+        let alarms = futures_lite::future::or(alarms, async {
+            match &memory {
+                Some(m) => Event::Budget(m.paused_changed(window_shut).await),
+                None => std::future::pending().await,
+            }
+        });
         let watched = async {
             match watch.as_mut() {
                 Some(w) => Event::Liveness(w.as_mut().await),
@@ -179,6 +195,13 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
         match event {
             Event::Revoked => return close_revoked(&core, &peer, h2, log, streams).await,
             Event::Calm => return calm_down(&core, &peer, h2, log, streams).await,
+            // Paused by the budget: no more window for the peer while its
+            // reads are held back (so that resuming does not bring a burst),
+            // the configured window again once it reads.
+            Event::Budget(paused) => {
+                window_shut = paused;
+                h2.set_target_window_size(if paused { 0 } else { s.connection_window });
+            }
             Event::Liveness((seen, pings)) => {
                 let t = core.cfg.hbone_server;
                 let stats = &core.metrics.stats;
@@ -189,7 +212,9 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                         stats.hbone_settings_ack_timeouts.add(1);
                         return log.fail("answered a PING but did not ACK our SETTINGS: cut off");
                     }
-                    Liveness::Answered => watch = Some(liveness::keepalive(pings, t, open.clone())),
+                    Liveness::Answered => {
+                        watch = Some(liveness::keepalive(pings, t, open.clone(), gate.clone()))
+                    }
                     Liveness::NoSettingsAck => {
                         stats.hbone_settings_ack_timeouts.add(1);
                         return log.fail(format!(
@@ -211,7 +236,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                         ending = "closed idle (--hbone-idle-timeout)";
                         draining = true;
                         h2.graceful_shutdown();
-                        watch = Some(liveness::keepalive(pings, t, open.clone()));
+                        watch = Some(liveness::keepalive(pings, t, open.clone(), gate.clone()));
                     }
                     Liveness::Gone => {}
                 }
@@ -222,7 +247,7 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 h2.graceful_shutdown();
             }
             Event::Stream(None) => break,
-            Event::Stream(Some(Ok((request, mut respond)))) => {
+            Event::Stream(Some(Ok((mut request, mut respond)))) => {
                 streams += 1;
                 // Over a cap: refused before anything is looked at, and
                 // without an access-log line each (a peer that floods
@@ -242,8 +267,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 };
                 let stream_log = ConnLog::new(core.open.clone(), core.index, TrafficPath::Inbound)
                     .in_pod(log.pod.as_deref());
+                // Counted from now: DATA the peer sends while the dial is in
+                // flight is held too.
+                let flow = request.body_mut().flow_control().clone();
+                let held = memory.as_ref().map(|m| m.track(flow));
                 let tunnel = admit(
-                    &core, conn_src, dst, &peer, request, respond, stream_log, permit,
+                    &core, conn_src, dst, &peer, request, respond, stream_log, permit, held,
                 );
                 if let Some(tunnel) = tunnel {
                     let held = OpenStream::new(&open);
@@ -269,6 +298,8 @@ enum Event<T> {
     Shutdown,
     Revoked,
     Calm,
+    /// The memory budget paused (true) or resumed the connection's reads.
+    Budget(bool),
     /// The liveness watch ended (hbone::liveness), with the PING handle.
     Liveness((Liveness, h2::PingPong)),
 }
@@ -361,8 +392,9 @@ fn reply(respond: &mut SendResponse<Bytes>, status: StatusCode) {
 /// await needed) and returns the task that connects to the local workload,
 /// answers 200 and pumps; None when it was answered 400/401/503 and logged.
 /// Split this way so an open tunnel's task does not keep the request
-/// (headers, URI) alive. `permit` counts the dial from here on.
-#[allow(clippy::too_many_arguments)] // the stream's parts, and its dial's permit
+/// (headers, URI) alive. `permit` counts the dial from here on; `held`
+/// counts what the stream holds against the core's memory budget.
+#[allow(clippy::too_many_arguments)] // the stream's parts, its dial's permit and account
 fn admit(
     core: &Rc<CoreInputs>,
     conn_src: SocketAddr,
@@ -372,6 +404,7 @@ fn admit(
     mut respond: SendResponse<Bytes>,
     mut log: ConnLog,
     permit: DialPermit,
+    held: Option<StreamHeld>,
 ) -> Option<impl std::future::Future<Output = ()>> {
     log.route = "hbone";
     log.src_identity = Some(peer.to_string());
@@ -525,6 +558,7 @@ fn admit(
             from,
             header,
             permit,
+            held,
         }),
         respond,
         request.into_body(),
@@ -632,6 +666,9 @@ struct Upstream {
     header: Option<Vec<u8>>,
     /// Counts the dial in flight until it ends.
     permit: DialPermit,
+    /// What the stream holds, for the memory budget; kept for the
+    /// tunnel's life.
+    held: Option<StreamHeld>,
 }
 
 /// Why a dial gave no upstream.
@@ -645,7 +682,7 @@ enum DialFailed {
 
 async fn carry(
     core: &CoreInputs,
-    upstream: Box<Upstream>,
+    mut upstream: Box<Upstream>,
     mut respond: SendResponse<Bytes>,
     recv: h2::RecvStream,
     log: &ConnLog,
@@ -655,6 +692,7 @@ async fn carry(
     // long as the tunnel. Boxed, the connect state is freed once connected
     // and the task holds only what the pump needs.
     let target = upstream.addr;
+    let held = upstream.held.take();
     let connecting = Box::pin(dial(core, upstream, &mut respond, log.netns()));
     let upstream = match connecting.await {
         Ok(s) => s,
@@ -675,6 +713,7 @@ async fn carry(
         recv,
         &log.to_client,
         &log.from_client,
+        held.as_ref().map(|h| h as &dyn Released),
     );
     match until_idle(pump, quiet(core, log)).await {
         Some(PumpOutcome::Closed) => log.finish("closed"),
@@ -698,6 +737,7 @@ async fn dial(
         from,
         header,
         permit,
+        held: _,
     } = *upstream;
     let connecting = async {
         connect_upstream(core, addr, from, header, netns)

@@ -386,6 +386,9 @@ fn proxy_hbone<'a>(
             stream.recv,
             &log.from_client,
             &log.to_client,
+            // What outbound tunnels hold is bounded by the pool's
+            // connections' windows; the budget counts inbound 15008.
+            None,
         );
         match until_idle(pump, quiet(core, log)).await {
             Some(hbone::PumpOutcome::Closed) => log.finish("closed"),

@@ -195,6 +195,13 @@ pub struct CoreStats {
     pub conn_failures: [Counter; 4],
     /// Connections of each path closed by `--idle-timeout`.
     pub idle_closes: [Counter; 4],
+    /// Inbound HBONE: bytes held for peers, counted against
+    /// --memory-budget-per-core (gauge).
+    pub memory_held: Counter,
+    /// Inbound HBONE connections not reading because of the budget (gauge).
+    pub memory_paused: Counter,
+    /// Times an inbound HBONE connection stopped reading for the budget.
+    pub memory_pauses: Counter,
 }
 
 /// Bucket bounds of [`Propagation`], in microseconds.
@@ -504,7 +511,7 @@ impl MetricsHub {
             crate::telemetry::ratelog::suppressed_total()
         );
         self.dns.render(&mut out);
-        let per_core: [PerCore; 27] = [
+        let per_core: [PerCore; 30] = [
             (
                 "ringway_core_open_connections",
                 "gauge",
@@ -666,6 +673,24 @@ impl MetricsHub {
                 "counter",
                 "Inbound HBONE connections closed after the idle timeout with no open stream",
                 |s| s.hbone_idle_closes.get(),
+            ),
+            (
+                "ringway_core_hbone_memory_held_bytes",
+                "gauge",
+                "Inbound HBONE bytes a core holds for peers (received, not yet taken by the workload), counted against --memory-budget-per-core",
+                |s| s.memory_held.get(),
+            ),
+            (
+                "ringway_core_hbone_memory_paused_connections",
+                "gauge",
+                "Inbound HBONE connections whose reads a core holds back because of its memory budget",
+                |s| s.memory_paused.get(),
+            ),
+            (
+                "ringway_core_hbone_memory_pauses_total",
+                "counter",
+                "Times an inbound HBONE connection stopped reading because of the core's memory budget",
+                |s| s.memory_pauses.get(),
             ),
         ];
         if let Some(x) = xds {

@@ -283,6 +283,12 @@ pub async fn serve(core: Rc<CoreInputs>, conn: OwnedFd, mut log: ConnLog) {
                 }
             }
             Event::Stream(Some(Err(e))) => {
+                // h2's own guards (streams reset before they were accepted,
+                // header floods) calm a peer too: counted with ringway's.
+                if e.is_go_away() && e.is_library() && e.reason() == Some(Reason::ENHANCE_YOUR_CALM)
+                {
+                    core.metrics.stats.calm_goaways.add(1);
+                }
                 return log.fail(format!(
                     "HTTP/2 connection error after {streams} streams: {e}"
                 ));

@@ -653,7 +653,7 @@ impl MetricsHub {
             (
                 "ringway_core_inbound_calm_goaways_total",
                 "counter",
-                "Inbound HBONE connections sent GOAWAY (ENHANCE_YOUR_CALM) for resetting too many streams before their answer",
+                "Inbound HBONE connections sent GOAWAY (ENHANCE_YOUR_CALM): by ringway for resetting too many streams before their answer, or by h2's own guards (streams reset before they were accepted, header floods)",
                 |s| s.calm_goaways.get(),
             ),
             (

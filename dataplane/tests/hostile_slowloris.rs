@@ -261,7 +261,10 @@ fn rig_with(tag: &str, config: &str, extra: &[&str]) -> Rig {
 }
 
 /// The durations ringway logged (accept to close) for connections that
-/// failed with `why`, in its log lines from `since` on; waits for `n`.
+/// failed with `why`, in its log lines from `since` on; waits until those
+/// lines and the ones its per-core rate limit held back (reported by a
+/// "suppressed N" line, which in these phases counts only such failures)
+/// make `n`.
 fn logged_cuts(rig: &Rig, since: usize, why: &str, n: usize) -> Vec<Duration> {
     common::wait_for(&format!("{n} \"{why}\" lines"), common::PATIENCE, || {
         let logs = rig.nodes.b().logs();
@@ -272,10 +275,16 @@ fn logged_cuts(rig: &Rig, since: usize, why: &str, n: usize) -> Vec<Duration> {
             .filter_map(|l| l["duration"].as_str()?.strip_suffix("ms")?.parse().ok())
             .map(Duration::from_millis)
             .collect();
-        if cuts.len() >= n {
+        let held_back: u64 = logs
+            .iter()
+            .skip(since)
+            .filter(|l| l["kind"].as_str().is_some_and(|k| k.starts_with("failed ")))
+            .filter_map(|l| l["suppressed"].as_u64())
+            .sum();
+        if !cuts.is_empty() && cuts.len() + held_back as usize >= n {
             Ok(cuts)
         } else {
-            Err(format!("{} so far", cuts.len()))
+            Err(format!("{} so far, {held_back} held back", cuts.len()))
         }
     })
 }

@@ -61,6 +61,15 @@ pub struct SoakArgs {
     /// Connections held per core of each proxy.
     #[arg(long, default_value_t = 10_000)]
     pub connections_per_core: usize,
+    /// Connections opened per second. Spread out, because the proxies'
+    /// TCP keepalive probes (ztunnel's 180 s, and ringway's by default)
+    /// keep the rhythm of the opening: 10 k connections opened within a
+    /// few seconds send 10 k probes within a few seconds every 180 s, and
+    /// loopback's backlog (`net.core.netdev_max_backlog`, 1000) drops most
+    /// of each burst, until nine lost probes in a row close a connection
+    /// with ETIMEDOUT (see docs/performance/soak.md).
+    #[arg(long, default_value_t = 250)]
+    pub open_rate: u32,
     /// Share of the connections that carry traffic (the rest stay idle).
     #[arg(long, default_value_t = 0.05)]
     pub active_share: f64,
@@ -172,7 +181,12 @@ fn generate(
     let mut conns = Vec::with_capacity(n);
     let req = vec![0x33u8; size];
     let mut resp = vec![0u8; size];
+    let open_rate = f64::from(a.open_rate.max(1));
     for i in 0..n {
+        let due = Duration::from_secs_f64(i as f64 / open_rate);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
         let mut s = dialer
             .connect()
             .map_err(|e| io::Error::new(e.kind(), format!("connection {i}: {e}")))?;
@@ -352,6 +366,8 @@ pub struct LoadArgs {
     pub rate: u32,
     #[arg(long)]
     pub size: u32,
+    #[arg(long)]
+    pub open_rate: u32,
     #[arg(long, value_parser = crate::units::parse_duration)]
     pub report_every: Duration,
 }
@@ -492,6 +508,7 @@ fn spawn_load(
         .args(["--active", &active.to_string()])
         .args(["--rate", &a.rate.to_string()])
         .args(["--size", &a.size.to_string()])
+        .args(["--open-rate", &a.open_rate.to_string()])
         .args([
             "--report-every",
             &format!("{}ms", a.sample_every.as_millis()),
@@ -722,6 +739,7 @@ pub fn run(a: SoakArgs) -> anyhow::Result<()> {
         machine: crate::machine::describe(Some(&bin)),
         cores,
         connections_per_core: a.connections_per_core,
+        open_rate: a.open_rate,
         rate: a.rate,
         size: a.size,
         duration_s: a.duration.as_secs_f64(),
@@ -743,6 +761,7 @@ pub struct Report {
     pub machine: crate::machine::Machine,
     pub cores: usize,
     pub connections_per_core: usize,
+    pub open_rate: u32,
     pub rate: u32,
     pub size: u32,
     pub duration_s: f64,

@@ -222,7 +222,7 @@ where
 /// [`parse`]'s fast path: the items of a file laid out as block lists,
 /// parsed a batch at a time; `None` when the layout is another one, or on
 /// any error (so errors, and their order, are the whole-document parse's).
-fn parse_in_batches(text: &str, origin: &str) -> Option<Parsed> {
+pub(crate) fn parse_in_batches(text: &str, origin: &str) -> Option<Parsed> {
     let [workloads, services, policies] = split_lists(text)?;
     Some((
         parse_list(&workloads, |w: RawWorkload, i| w.into_model(i, origin))?,
@@ -232,7 +232,7 @@ fn parse_in_batches(text: &str, origin: &str) -> Option<Parsed> {
 }
 
 /// [`parse`] of the document as one value.
-fn parse_whole(text: &str, origin: &str) -> Result<Parsed, ConfigError> {
+pub(crate) fn parse_whole(text: &str, origin: &str) -> Result<Parsed, ConfigError> {
     let raw: RawConfig = serde_norway::from_str(text).map_err(|e| {
         let location = e.location();
         let mut message = e.to_string();

@@ -1,14 +1,15 @@
-//! The DNS fuzz targets' inputs replayed on stable (issue 23): the seeds,
-//! the committed corpus `fuzz/corpus/<target>/` and the reproducers of
-//! past crashes `fuzz/regressions/<target>/`, each through the harness
-//! the fuzz targets call, so CI exercises the fuzzed path without nightly.
-//! How the corpus was made: `fuzz/README.md`.
+//! Every fuzz target's inputs replayed on stable (issues 23 and 25): the
+//! seeds, the committed corpus `fuzz/corpus/<target>/` and the reproducers
+//! of past crashes `fuzz/regressions/<target>/`, each through the harness
+//! the fuzz target calls, so CI exercises the fuzzed paths without
+//! nightly. How the corpus was made: `fuzz/README.md`.
 //!
 //! `RINGWAY_FUZZ_SEEDS=DIR` also writes the seeds to
 //! `DIR/<target>/`, to start a fuzz run from.
 
 use std::path::{Path, PathBuf};
 
+use ringway_controlplane::fuzzing as control;
 use ringway_dataplane::dns::fuzzing;
 
 type Harness = fn(&[u8]);
@@ -66,5 +67,64 @@ fn dns_upstream_reply_corpus() {
         "dns_upstream_reply",
         fuzzing::upstream_reply,
         fuzzing::upstream_seeds(),
+    );
+}
+
+#[test]
+fn xds_address_corpus() {
+    replay(
+        "xds_address",
+        control::xds::address,
+        control::xds::address_seeds(),
+    );
+}
+
+#[test]
+fn xds_authorization_corpus() {
+    replay(
+        "xds_authorization",
+        control::xds::authorization,
+        control::xds::authorization_seeds(),
+    );
+}
+
+#[test]
+fn local_config_corpus() {
+    replay(
+        "local_config",
+        control::local::config,
+        control::local::seeds(),
+    );
+}
+
+#[test]
+fn authorization_corpus() {
+    replay(
+        "authorization",
+        control::authz::decide_all,
+        control::authz::seeds(),
+    );
+}
+
+#[test]
+fn zds_request_corpus() {
+    replay("zds_request", control::zds::requests, control::zds::seeds());
+}
+
+#[test]
+fn inbound_connect_corpus() {
+    replay(
+        "inbound_connect",
+        ringway_dataplane::app::fuzzing::inbound_connect,
+        ringway_dataplane::app::fuzzing::seeds(),
+    );
+}
+
+#[test]
+fn socks5_corpus() {
+    replay(
+        "socks5",
+        ringway_dataplane::proxy::fuzzing::socks5,
+        ringway_dataplane::proxy::fuzzing::seeds(),
     );
 }

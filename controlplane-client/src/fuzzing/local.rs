@@ -3,7 +3,7 @@
 //! fast path (block lists parsed a batch at a time) reads the same items
 //! as the whole-document parse whenever it reads any; every item loaded
 //! survives model → xDS → model unchanged (what `ringway-devcp` serves);
-//! the admin `config_dump` renders; loading twice gives the same content.
+//! the admin `config_dump` renders.
 
 use crate::sources::local::dump::dump;
 use crate::sources::local::{self, load_snapshot, EXAMPLE_CONFIG};
@@ -44,8 +44,6 @@ pub fn config(data: &[u8]) {
         assert_eq!(back, **p, "policy model → xDS → model");
     }
     assert!(!dump(&snapshot).to_string().is_empty());
-    let again = load_snapshot(text, ORIGIN).expect("loads again");
-    assert!(again.same_content(&snapshot), "loading is deterministic");
 }
 
 /// Seeds: the embedded example config, the mesh the xDS seeds come from,

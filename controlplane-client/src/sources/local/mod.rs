@@ -223,12 +223,25 @@ where
 /// parsed a batch at a time; `None` when the layout is another one, or on
 /// any error (so errors, and their order, are the whole-document parse's).
 pub(crate) fn parse_in_batches(text: &str, origin: &str) -> Option<Parsed> {
+    // The YAML reader refuses the whole text for one such character, even
+    // in a comment that no batch would hold (found by fuzzing: a NUL in a
+    // comment loaded here and was refused by the whole-document parse).
+    if !text.chars().all(yaml_readable) {
+        return None;
+    }
     let [workloads, services, policies] = split_lists(text)?;
     Some((
         parse_list(&workloads, |w: RawWorkload, i| w.into_model(i, origin))?,
         parse_list(&services, |s: RawService, i| s.into_model(i, origin))?,
         parse_list(&policies, |p: RawPolicy, i| p.into_model(i, origin))?,
     ))
+}
+
+/// The characters the YAML reader takes (YAML 1.1's printable set, as
+/// libyaml checks it); any other fails the whole document.
+fn yaml_readable(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{A0}'..='\u{D7FF}')
+        || matches!(c, '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
 }
 
 /// [`parse`] of the document as one value.

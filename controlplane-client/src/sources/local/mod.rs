@@ -287,7 +287,12 @@ pub(crate) fn parse_whole(text: &str, origin: &str) -> Result<Parsed, ConfigErro
 /// [`parse`] plus the cross-item checks of [`Snapshot::new`], reported
 /// against the YAML items.
 pub fn load_snapshot(text: &str, origin: &str) -> Result<Snapshot, ConfigError> {
-    let (workloads, services, policies) = parse(text, origin)?;
+    snapshot_of(parse(text, origin)?, origin)
+}
+
+/// [`load_snapshot`] once the text is parsed.
+pub(crate) fn snapshot_of(parsed: Parsed, origin: &str) -> Result<Snapshot, ConfigError> {
+    let (workloads, services, policies) = parsed;
     let snapshot =
         Snapshot::new(workloads, services, policies).map_err(|e| snapshot_error(e, origin))?;
     super::warn_missing_policies(&snapshot, snapshot.workloads().map(|w| &**w), origin);

@@ -999,6 +999,7 @@ fn other_layouts_and_errors_go_through_the_whole_document() {
         "workloads:\n\t- {uid: a, namespace: n}\n",
         "# a comment with a NUL \0 in it\nworkloads:\n- {uid: a, namespace: n}\n",
         "workloads:\n- {uid: a, namespace: n}\n# \u{7f}\n",
+        "# a lone CR \r starts a line to YAML\nworkloads:\n- {uid: a, namespace: n}\n",
     ] {
         assert!(parse_in_batches(yaml, "m").is_none());
         assert!(parse(yaml, "m").is_err());

@@ -24,11 +24,16 @@
 //! - [`devcp`]: a development control plane (xDS and CA server) built from
 //!   all of the above, behind the `ringway-devcp` binary.
 //!
+//! - `fuzzing` (hidden): the fuzz harnesses, over `model` and `sources`
+//!   (see `fuzz/README.md`).
+//!
 //! A private `backoff` module holds the retry jitter that `security` and
 //! `sources` share; it depends on nothing.
 
 mod backoff;
 pub mod devcp;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod model;
 pub mod publish;
 pub mod security;

@@ -245,7 +245,7 @@ pub struct Packet {
 }
 
 /// Applies one request to `handler`; the error is the NACK's text.
-fn handle(
+pub(crate) fn handle(
     packet: Packet,
     handler: &mut dyn PodHandler,
     replay: &mut Option<HashSet<String>>,

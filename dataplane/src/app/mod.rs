@@ -16,6 +16,8 @@ pub mod checks;
 pub mod cli;
 pub mod control;
 pub mod cores;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod plan;
 pub mod signals;
 pub mod ztunnel_env;

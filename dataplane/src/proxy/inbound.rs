@@ -576,7 +576,7 @@ fn admit(
 /// Where a CONNECT goes, from its `:authority`: `ip:port` as is;
 /// `hostname:port` to the port the named service maps on the workload the
 /// tunnel was dialled to (facts 3.4). Err: the status to answer and why.
-fn authority_target(
+pub(crate) fn authority_target(
     snap: &ringway_controlplane::Snapshot,
     cfg: &crate::core::config::ProxyConfig,
     conn_dst: SocketAddr,

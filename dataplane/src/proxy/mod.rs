@@ -21,6 +21,8 @@ pub mod direct;
 pub mod dns;
 pub mod downstream;
 pub mod fast_path;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod inbound;
 pub mod inbound_passthrough;
 pub mod outbound;

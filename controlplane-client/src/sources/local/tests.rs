@@ -990,11 +990,16 @@ fn other_layouts_and_errors_go_through_the_whole_document() {
         parse(&alias, "m").unwrap().0[1400].name,
         "Kubernetes//Pod/ns/w-2"
     );
-    // Duplicate or unknown top-level keys, tabs: errors of the whole parse.
+    // Duplicate or unknown top-level keys, tabs, a character the YAML
+    // reader refuses even in a comment no batch holds (found by fuzzing):
+    // errors of the whole parse.
     for yaml in [
         "workloads: []\nworkloads: []\n",
         "workload: []\n",
         "workloads:\n\t- {uid: a, namespace: n}\n",
+        "# a comment with a NUL \0 in it\nworkloads:\n- {uid: a, namespace: n}\n",
+        "workloads:\n- {uid: a, namespace: n}\n# \u{7f}\n",
+        "# a lone CR \r starts a line to YAML\nworkloads:\n- {uid: a, namespace: n}\n",
     ] {
         assert!(parse_in_batches(yaml, "m").is_none());
         assert!(parse(yaml, "m").is_err());

@@ -61,15 +61,18 @@ pub struct SoakArgs {
     /// Connections held per core of each proxy.
     #[arg(long, default_value_t = 10_000)]
     pub connections_per_core: usize,
-    /// Connections opened per second. Spread out, because the proxies'
-    /// TCP keepalive probes (ztunnel's 180 s, and ringway's by default)
-    /// keep the rhythm of the opening: 10 k connections opened within a
-    /// few seconds send 10 k probes within a few seconds every 180 s, and
-    /// loopback's backlog (`net.core.netdev_max_backlog`, 1000) drops most
-    /// of each burst, until nine lost probes in a row close a connection
-    /// with ETIMEDOUT (see docs/performance/soak.md).
+    /// Connections opened per second, as clients arriving over time
+    /// would (opened at once, their keepalive probes come at once too).
     #[arg(long, default_value_t = 250)]
     pub open_rate: u32,
+    /// `net.core.netdev_max_backlog` for the run (restored after; 0: leave
+    /// it). The kernel's default, 1000 packets a CPU, also holds the
+    /// loopback's and veth's packets in flight; the keepalive probes of
+    /// 10 k connections, which the kernel's timer wheel fires in batches
+    /// of a few seconds, overflow it and idle connections die after nine
+    /// lost probes (see docs/performance/soak.md). It is host-wide.
+    #[arg(long, default_value_t = 65_536)]
+    pub netdev_max_backlog: u32,
     /// Share of the connections that carry traffic (the rest stay idle).
     #[arg(long, default_value_t = 0.05)]
     pub active_share: f64,
@@ -537,8 +540,49 @@ fn spawn_load(
     Ok((child, rx))
 }
 
+/// The host's `net.core.netdev_max_backlog`, set for the soak and put
+/// back when dropped.
+struct Backlog {
+    before: Option<String>,
+}
+
+const BACKLOG: &str = "/proc/sys/net/core/netdev_max_backlog";
+
+impl Backlog {
+    fn set(want: u32) -> anyhow::Result<Backlog> {
+        if want == 0 {
+            return Ok(Backlog { before: None });
+        }
+        let before = std::fs::read_to_string(BACKLOG)?.trim().to_string();
+        std::fs::write(BACKLOG, want.to_string())
+            .with_context(|| format!("setting {BACKLOG} to {want}"))?;
+        Ok(Backlog {
+            before: Some(before),
+        })
+    }
+}
+
+impl Drop for Backlog {
+    fn drop(&mut self) {
+        if let Some(b) = &self.before {
+            let _ = std::fs::write(BACKLOG, b);
+        }
+    }
+}
+
+/// Packets the kernel dropped because a CPU's backlog was full, all CPUs
+/// (the second column of `/proc/net/softnet_stat`, hexadecimal).
+fn softnet_drops() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/net/softnet_stat").ok()?;
+    t.lines()
+        .map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+        .sum()
+}
+
 pub fn run(a: SoakArgs) -> anyhow::Result<()> {
     rig::require_root("ringway-perf soak")?;
+    let _backlog = Backlog::set(a.netdev_max_backlog)?;
+    let drops_before = softnet_drops();
     let bin = crate::ringway_bin(a.ringway.as_deref())?;
     crate::raise_fd_limit();
     let cores = a.cores.unwrap_or(1);
@@ -734,6 +778,10 @@ pub fn run(a: SoakArgs) -> anyhow::Result<()> {
             .unwrap_or(0)
     };
     let report = Report {
+        netdev_max_backlog: a.netdev_max_backlog,
+        softnet_drops: softnet_drops()
+            .zip(drops_before)
+            .map(|(after, before)| after.saturating_sub(before)),
         churns,
         ringway_configs_published: [loads("a"), loads("b")],
         machine: crate::machine::describe(Some(&bin)),
@@ -761,6 +809,10 @@ pub struct Report {
     pub machine: crate::machine::Machine,
     pub cores: usize,
     pub connections_per_core: usize,
+    /// The backlog the run had (0: the host's own), and the packets the
+    /// host dropped for a full backlog during it (anyone's).
+    pub netdev_max_backlog: u32,
+    pub softnet_drops: Option<u64>,
     pub open_rate: u32,
     pub rate: u32,
     pub size: u32,
@@ -788,6 +840,12 @@ fn markdown(r: &Report) -> String {
         r.duration_s / 60.0,
         r.churn_every_s,
         r.warmup_s / 60.0
+    );
+    s += &format!(
+        "net.core.netdev_max_backlog {} during the run (0: the host's); {} packets dropped \
+         host-wide for a full backlog meanwhile.\n\n",
+        r.netdev_max_backlog,
+        r.softnet_drops.map_or("?".into(), |d| d.to_string())
     );
     s += &format!(
         "{} config rewrites; ringway A published {} configs and ringway B {} (the first load \

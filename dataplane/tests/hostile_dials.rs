@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::nodes::{Nodes, CLIENT_ID, SERVER_IP};
+use common::bystander;
+use common::nodes::{Nodes, SERVER_IP};
 use h2::client::SendRequest;
 use h2::Reason;
-use ringway_controlplane::security::tls::{build_tls_configs, WorkloadCert};
 use tokio_rustls::rustls::ClientConfig;
 
 /// The black-holed port: node B drops SYNs to it.
@@ -30,19 +30,6 @@ const ECHO: u16 = 8080;
 /// Streams per burst, and bursts.
 const BURST: usize = 100;
 const ROUNDS: usize = 60;
-
-/// The client identity's TLS config (the built-in CA's certificate).
-fn client_tls(nodes: &Nodes) -> Arc<ClientConfig> {
-    let dir = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "client", "1h");
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
-    let cert = WorkloadCert::from_pem(
-        &read("key.pem"),
-        &read("cert-chain.pem"),
-        &read("root-cert.pem"),
-    )
-    .unwrap();
-    build_tls_configs(&cert).unwrap().client
-}
 
 /// A TLS + h2 connection to ringway B's 15008; the connection's driver
 /// runs as a task whose result says how it ended.
@@ -183,26 +170,15 @@ fn sample(nodes: &Nodes, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Peaks
             let mut peaks = Peaks::default();
             while !stop.load(Ordering::Relaxed) {
                 peaks.fds = peaks.fds.max(fds(pid));
-                let dials = scrape(&stats)
-                    .and_then(|s| sum_series(&s, "ringway_core_inbound_dials_in_flight"));
+                let dials = bystander::scrape(&stats).and_then(|s| {
+                    bystander::sum_series(&s, "ringway_core_inbound_dials_in_flight")
+                });
                 peaks.dials_in_flight = peaks.dials_in_flight.max(dials);
                 std::thread::sleep(Duration::from_millis(10));
             }
             peaks
         })
     })
-}
-
-/// `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: ringway\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    Some(text)
 }
 
 /// ringway's open fds.
@@ -215,17 +191,7 @@ fn fds(pid: i32) -> usize {
 /// The sum over cores of a per-core series, if ringway has it.
 fn per_core_sum(nodes: &Nodes, name: &str) -> Option<u64> {
     let (_, scrape) = nodes.b().http_get("stats", "/metrics");
-    sum_series(&scrape, name)
-}
-
-fn sum_series(scrape: &str, name: &str) -> Option<u64> {
-    let prefix = format!("{name}{{core=\"");
-    let values: Vec<u64> = scrape
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix.as_str()))
-        .filter_map(|rest| rest.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
+    bystander::sum_series(&scrape, name)
 }
 
 #[test]
@@ -244,7 +210,7 @@ fn reset_streams_do_not_pile_up_dials_and_the_peer_is_calmed() {
     nodes
         .b
         .enter(|| common::serve_echo(TcpListener::bind(format!("{SERVER_IP}:{ECHO}")).unwrap()));
-    let tls = client_tls(&nodes);
+    let tls = bystander::client_tls(&nodes, "client");
     let pid = nodes.b().pid();
     let fds_before = fds(pid);
     let stop = Arc::new(AtomicBool::new(false));

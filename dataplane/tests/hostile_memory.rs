@@ -25,9 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::nodes::{Nodes, CLIENT_ID, SERVER_IP};
+use common::bystander;
+use common::nodes::{Nodes, SERVER_IP};
 use h2::client::SendRequest;
-use ringway_controlplane::security::tls::{build_tls_configs, WorkloadCert};
 use tokio_rustls::rustls::ClientConfig;
 
 /// The workload that accepts and never reads, and the bystander's echo.
@@ -55,19 +55,6 @@ fn budget() -> Option<u64> {
         Some("none") => None,
         Some(b) => Some(b.parse().expect("HOSTILE_MEMORY_BUDGET: bytes or none")),
     }
-}
-
-/// The client identity's TLS config (the built-in CA's certificate).
-fn client_tls(nodes: &Nodes) -> Arc<ClientConfig> {
-    let dir = nodes.issue(&nodes.ca_dir(), CLIENT_ID, "client", "1h");
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
-    let cert = WorkloadCert::from_pem(
-        &read("key.pem"),
-        &read("cert-chain.pem"),
-        &read("root-cert.pem"),
-    )
-    .unwrap();
-    build_tls_configs(&cert).unwrap().client
 }
 
 /// A TLS + h2 connection to ringway B's 15008, its driver on a task.
@@ -194,28 +181,6 @@ fn rss(pid: i32) -> u64 {
         .map_or(0, |kb| kb << 10)
 }
 
-/// `GET /metrics` on `addr`.
-fn scrape(addr: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: ringway\r\n\r\n")
-        .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
-fn sum_series(scrape: &str, name: &str) -> Option<u64> {
-    let prefix = format!("{name}{{core=\"");
-    let values: Vec<u64> = scrape
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix.as_str()))
-        .filter_map(|rest| rest.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
-
 /// Samples ringway B's RSS and budget gauges every 20 ms until `stop`.
 fn sample(nodes: &Nodes, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Peaks> {
     let rw = nodes.b();
@@ -229,8 +194,8 @@ fn sample(nodes: &Nodes, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Peaks
             let mut peaks = Peaks::default();
             while !stop.load(Ordering::Relaxed) {
                 peaks.rss = peaks.rss.max(rss(pid));
-                if let Some(s) = scrape(&stats) {
-                    let get = |n| sum_series(&s, n).unwrap_or(0);
+                if let Some(s) = bystander::scrape(&stats) {
+                    let get = |n| bystander::sum_series(&s, n).unwrap_or(0);
                     peaks.held = peaks.held.max(get("ringway_core_hbone_memory_held_bytes"));
                     peaks.paused = peaks
                         .paused
@@ -294,7 +259,7 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
         serve_sink(TcpListener::bind(format!("{SERVER_IP}:{SINK}")).unwrap());
         common::serve_echo(TcpListener::bind(format!("{SERVER_IP}:{ECHO}")).unwrap());
     });
-    let tls = client_tls(&nodes);
+    let tls = bystander::client_tls(&nodes, "client");
     let pid = nodes.b().pid();
     let cores = nodes.b().per_core("ringway_core_tasks").len() as u64;
     let pushed = Arc::new(AtomicU64::new(0));
@@ -349,8 +314,9 @@ fn a_workload_that_never_reads_holds_no_more_than_the_budget() {
     stop.store(true, Ordering::Relaxed);
     let peaks = sampler.join().unwrap();
     let (_, metrics) = nodes.b().http_get("stats", "/metrics");
-    let pauses = sum_series(&metrics, "ringway_core_hbone_memory_pauses_total");
-    let keepalive_cuts = sum_series(&metrics, "ringway_core_hbone_keepalive_timeouts_total");
+    let pauses = bystander::sum_series(&metrics, "ringway_core_hbone_memory_pauses_total");
+    let keepalive_cuts =
+        bystander::sum_series(&metrics, "ringway_core_hbone_keepalive_timeouts_total");
     let (base, dur) = (median(baseline.clone()), median(during.clone()));
     let grew = peaks.rss.saturating_sub(rss_before);
     let overhead = CONNS as u64 * (SOCKET_CAP + MAX_FRAME);

@@ -295,3 +295,27 @@ impl Sampler {
         self.thread.join().unwrap()
     }
 }
+
+/// `GET /metrics` on `addr` (a side port's address, from inside its
+/// namespace).
+pub fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: ringway\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// The sum over cores of a per-core series in a scrape, if it is there.
+pub fn sum_series(scrape: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{name}{{core=\"");
+    let values: Vec<u64> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
+}
